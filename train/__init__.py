@@ -1,0 +1,1 @@
+"""rstar2_agent.train (lives in the top-level train/ folder)."""
