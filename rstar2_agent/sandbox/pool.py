@@ -1,0 +1,206 @@
+"""LocalSandbox: a pool of warm sandbox workers on this machine, with back-pressure and sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .isolation import check_isolation
+from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status
+from .worker import Worker, WorkerDied, died_result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SandboxConfig:
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    limits: Limits = field(default_factory=Limits)
+    isolation: bool = True  # False only with --unsafe-no-isolation
+    preload: tuple[str, ...] = ("numpy", "sympy")
+    max_queue: int = 65536  # calls waiting for a worker; past this a call fails at once with queue_timeout
+    queue_timeout: float = 300.0  # seconds a call may wait for a worker
+    max_sessions: int = 32
+    session_idle_timeout: float = 900.0
+    bwrap: str | None = None  # path to bwrap; default: found on PATH
+
+
+class LocalSandbox(Sandbox):
+    def __init__(self, config: SandboxConfig | None = None, **overrides: Any):
+        self.config = config or SandboxConfig(**overrides)
+        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self._workers: list[Worker] = []
+        self._waiting = 0
+        self._running = 0
+        self._restarts: set[asyncio.Task] = set()
+        self._sessions: dict[str, tuple[Worker, asyncio.Lock, SessionInfo]] = {}
+        self._reaper: asyncio.Task | None = None
+        self._closed = False
+        self.counts: Counter[str] = Counter()
+        self.restarted = 0
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        cfg = self.config
+        if cfg.isolation:
+            problem = check_isolation(cfg.bwrap)
+            if problem:
+                raise SandboxError(problem)
+        else:
+            log.warning("sandbox isolation is OFF (--unsafe-no-isolation): code runs with this user's rights")
+        workers = [self._new_worker("fork") for _ in range(max(1, cfg.workers))]
+        results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(w.close() for w in workers))
+            raise SandboxError(f"could not start the sandbox workers: {errors[0]}")
+        for w in workers:
+            self._workers.append(w)
+            self._idle.put_nowait(w)
+        self._reaper = asyncio.create_task(self._reap_idle_sessions())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reaper:
+            self._reaper.cancel()
+        for t in list(self._restarts):
+            t.cancel()
+        sessions = [w for w, _, _ in self._sessions.values()]
+        self._sessions.clear()
+        await asyncio.gather(*(w.close() for w in self._workers + sessions), return_exceptions=True)
+        self._workers.clear()
+
+    def _new_worker(self, mode: str) -> Worker:
+        cfg = self.config
+        return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=cfg.preload, bwrap=cfg.bwrap)
+
+    # ------------------------------------------------------------ stateless calls
+    async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
+        cfg = self.config
+        if self._closed:
+            return self._count(ExecResult.failure(Status.INTERNAL_ERROR, "the sandbox is closed"))
+        if self._waiting >= cfg.max_queue:
+            return self._count(ExecResult.failure(
+                Status.QUEUE_TIMEOUT, f"sandbox queue is full ({cfg.max_queue} calls waiting); retry later "
+                "or add workers (--workers) or servers"))
+        t0 = time.monotonic()
+        self._waiting += 1
+        try:
+            worker = await asyncio.wait_for(self._idle.get(), cfg.queue_timeout)
+        except TimeoutError:
+            return self._count(ExecResult.failure(
+                Status.QUEUE_TIMEOUT, f"no sandbox worker was free within {cfg.queue_timeout:.0f} s",
+                queue_time=time.monotonic() - t0))
+        finally:
+            self._waiting -= 1
+        queued = time.monotonic() - t0
+        self._running += 1
+        try:
+            result = await worker.call(code, stdin, timeout)
+        except WorkerDied as e:
+            result = died_result(worker, f"the sandbox worker died during the call ({e}); it was restarted")
+        finally:
+            self._running -= 1
+            self._release(worker)
+        result.queue_time = queued
+        return self._count(result)
+
+    def _count(self, result: ExecResult) -> ExecResult:
+        self.counts[str(result.status)] += 1
+        return result
+
+    def _release(self, worker: Worker) -> None:
+        if worker.alive:
+            self._idle.put_nowait(worker)
+        elif not self._closed:
+            task = asyncio.create_task(self._replace(worker))
+            self._restarts.add(task)
+            task.add_done_callback(self._restarts.discard)
+
+    async def _replace(self, dead: Worker) -> None:
+        await dead.close()
+        delay = 0.1
+        while not self._closed:
+            fresh = self._new_worker("fork")
+            try:
+                await fresh.start()
+            except (WorkerDied, SandboxError, OSError) as e:
+                log.error("restarting a sandbox worker failed (%s); retrying in %.1f s", e, delay)
+                await fresh.close()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            self.restarted += 1
+            self._workers[self._workers.index(dead)] = fresh
+            self._idle.put_nowait(fresh)
+            return
+
+    # ------------------------------------------------------------ sessions
+    async def open_session(self) -> str:
+        if len(self._sessions) >= self.config.max_sessions:
+            raise SandboxError(f"too many open sessions ({self.config.max_sessions}); close one or raise "
+                               "--max-sessions")
+        worker = self._new_worker("session")
+        await worker.start()
+        sid = uuid.uuid4().hex
+        now = time.monotonic()
+        self._sessions[sid] = (worker, asyncio.Lock(), SessionInfo(sid, now, now))
+        return sid
+
+    async def run_in_session(self, session_id: str, code: str, stdin: str = "",
+                             timeout: float | None = None) -> ExecResult:
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown or expired session {session_id!r}; "
+                                      "open a new one")
+        worker, lock, info = entry
+        async with lock:
+            info.last_used = time.monotonic()
+            info.calls += 1
+            try:
+                return self._count(await worker.call(code, stdin, timeout))
+            except WorkerDied as e:
+                fresh = self._new_worker("session")
+                await fresh.start()
+                self._sessions[session_id] = (fresh, lock, info)
+                await worker.close()
+                return self._count(died_result(
+                    worker, f"the session process died or hung ({e}); a fresh session replaced it and the "
+                    "earlier variables are lost"))
+
+    async def close_session(self, session_id: str) -> None:
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            await entry[0].close()
+
+    async def _reap_idle_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(min(30.0, self.config.session_idle_timeout / 2))
+            now = time.monotonic()
+            for sid, (_, lock, info) in list(self._sessions.items()):
+                if not lock.locked() and now - info.last_used > self.config.session_idle_timeout:
+                    log.info("closing sandbox session %s after %.0f s idle", sid, now - info.last_used)
+                    await self.close_session(sid)
+
+    # ------------------------------------------------------------ introspection
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "workers": len(self._workers),
+            "alive": sum(w.alive for w in self._workers),
+            "idle": self._idle.qsize(),
+            "running": self._running,
+            "waiting": self._waiting,
+            "sessions": len(self._sessions),
+            "restarted": self.restarted,
+            "results": dict(self.counts),
+            "isolation": self.config.isolation,
+        }
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w.pid]

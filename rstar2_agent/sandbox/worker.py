@@ -1,0 +1,169 @@
+"""One sandbox worker: a runner process (usually inside bubblewrap) and the framed JSON channel to it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import struct
+import time
+from typing import Any
+
+from .isolation import ProcessCap, build_launch, needs_process_cap
+from .types import ExecResult, Limits, Status
+
+log = logging.getLogger(__name__)
+_HDR = struct.Struct(">I")
+_ids = itertools.count()
+GRACE_SECONDS = 5.0  # how long past the call's own timeout before the host gives up on the runner
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class Worker:
+    """Owns one runner process. Not safe for concurrent calls: the pool hands it to one call at a time."""
+
+    def __init__(self, mode: str, limits: Limits, *, isolation: bool, preload: tuple[str, ...],
+                 bwrap: str | None = None, startup_timeout: float = 120.0):
+        self.mode, self.limits, self.isolation, self.preload = mode, limits, isolation, preload
+        self.bwrap, self.startup_timeout = bwrap, startup_timeout
+        self.name = f"{mode}-{os.getpid()}-{next(_ids)}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.cap: ProcessCap | None = None
+        self.host_scratch: str | None = None
+        self.calls = 0
+        self.started_at = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        launch = build_launch(self.mode, isolation=self.isolation, scratch_bytes=self.limits.scratch_bytes,
+                              preload=self.preload, bwrap=self.bwrap)
+        self.host_scratch = launch.host_scratch
+        if needs_process_cap():
+            self.cap = ProcessCap(self.name, self.limits.max_processes + 8)
+        preexec = self.cap.join if self.cap and self.cap.path else None
+        self.proc = await asyncio.create_subprocess_exec(
+            *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=launch.env or None, preexec_fn=preexec,
+            limit=1 << 26, start_new_session=True)
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        try:
+            hello = await asyncio.wait_for(self._read(), self.startup_timeout)
+        except (TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
+            await self.kill()
+            raise WorkerDied(f"sandbox worker failed to start: {e!r}; its stderr: {self._last_stderr()}") from e
+        if hello.get("op") != "ready":
+            await self.kill()
+            raise WorkerDied(f"sandbox worker sent {hello!r} instead of ready")
+        self.started_at = time.monotonic()
+
+    async def call(self, code: str, stdin: str, timeout: float | None) -> ExecResult:
+        """Run one program. Raises WorkerDied when the runner is gone (the caller restarts it)."""
+        if not self.alive:
+            raise WorkerDied("worker is not running")
+        limits = self.limits.for_call(timeout)
+        self.calls += 1
+        await self._write({"op": "run", "code": code, "stdin": stdin, "timeout": limits["wall_seconds"],
+                           "limits": limits})
+        reply = asyncio.ensure_future(self._read())
+        try:
+            resp = await asyncio.wait_for(asyncio.shield(reply), limits["wall_seconds"] + GRACE_SECONDS)
+        except asyncio.CancelledError:
+            await self._abort_after_cancel(reply)
+            raise
+        except TimeoutError:
+            reply.cancel()
+            await self.kill()
+            raise WorkerDied("the sandbox worker stopped answering and was restarted") from None
+        return ExecResult.from_dict({**resp, "backend": self.name})
+
+    async def _abort_after_cancel(self, reply: asyncio.Future) -> None:
+        """The caller went away mid-call: tell the runner to kill the program, and consume its answer."""
+        try:
+            if self.mode == "fork":
+                await self._write({"op": "abort"})
+                await asyncio.wait_for(reply, GRACE_SECONDS)
+            else:
+                reply.cancel()
+                await self.kill()
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001
+            await self.kill()
+
+    async def _write(self, obj: dict[str, Any]) -> None:
+        assert self.proc and self.proc.stdin
+        body = json.dumps(obj).encode()
+        try:
+            self.proc.stdin.write(_HDR.pack(len(body)) + body)
+            await self.proc.stdin.drain()
+        except (ConnectionError, RuntimeError) as e:
+            raise WorkerDied(f"worker pipe closed: {e}") from e
+
+    async def _read(self) -> dict[str, Any]:
+        assert self.proc and self.proc.stdout
+        try:
+            head = await self.proc.stdout.readexactly(_HDR.size)
+            body = await self.proc.stdout.readexactly(_HDR.unpack(head)[0])
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise WorkerDied("the sandbox worker process exited") from e
+        return json.loads(body)
+
+    async def _drain_stderr(self) -> None:
+        self._stderr_tail = b""
+        assert self.proc and self.proc.stderr
+        while True:
+            chunk = await self.proc.stderr.read(4096)
+            if not chunk:
+                return
+            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    def _last_stderr(self) -> str:
+        return getattr(self, "_stderr_tail", b"").decode("utf-8", "replace").strip()
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                log.warning("sandbox worker %s did not exit after SIGKILL", self.name)
+        await self.close()
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.stdin.close()  # the runner exits on EOF
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except (TimeoutError, Exception):  # noqa: BLE001
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                await self.proc.wait()
+        task = getattr(self, "_stderr_task", None)
+        if task is not None:
+            task.cancel()
+        if self.cap is not None:
+            self.cap.remove()
+        if self.host_scratch:
+            shutil.rmtree(self.host_scratch, ignore_errors=True)
+            self.host_scratch = None
+
+
+def died_result(worker: Worker, message: str) -> ExecResult:
+    return ExecResult.failure(Status.KILLED, message, backend=worker.name)
