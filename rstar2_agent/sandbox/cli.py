@@ -1,0 +1,140 @@
+"""`rstar2 sandbox run|serve|bench`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+
+import click
+
+from .pool import LocalSandbox, SandboxConfig
+from .types import Limits, Sandbox, SandboxError
+
+
+def _config(workers: int | None, unsafe: bool, **kw) -> SandboxConfig:
+    cfg = SandboxConfig(isolation=not unsafe, **{k: v for k, v in kw.items() if v is not None})
+    if workers:
+        cfg.workers = workers
+    return cfg
+
+
+unsafe_option = click.option("--unsafe-no-isolation", "unsafe", is_flag=True,
+                             help="Run code without bubblewrap isolation (only where untrusted code is acceptable).")
+workers_option = click.option("--workers", type=click.IntRange(1), default=None,
+                              help="Warm worker processes (default: one per CPU).")
+
+
+@click.group("sandbox")
+def sandbox_group() -> None:
+    """The isolated Python sandbox the agent's tool runs in."""
+
+
+@sandbox_group.command("run")
+@click.argument("file", type=click.File("r"), default="-")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result record as JSON.")
+@click.option("--stdin", "stdin_text", default="", help="Text given to the program on standard input.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Wall-time limit, s.")
+@click.option("--url", "urls", multiple=True, help="Run on a `rstar2 sandbox serve` server instead of locally.")
+@unsafe_option
+def run_cmd(file, as_json: bool, stdin_text: str, timeout: float | None, urls: tuple[str, ...],
+            unsafe: bool) -> None:
+    """Run one program (FILE, or - for standard input) and print its result."""
+    code = file.read()
+
+    async def go():
+        sandbox: Sandbox
+        if urls:
+            from .remote import RemoteSandbox
+
+            sandbox = RemoteSandbox(list(urls))
+        else:
+            sandbox = LocalSandbox(SandboxConfig(workers=1, isolation=not unsafe, preload=()))
+        async with sandbox:
+            return await sandbox.run(code, stdin=stdin_text, timeout=timeout)
+
+    try:
+        result = asyncio.run(go())
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if not result.ok:
+            click.echo(f"[{result.status}]", err=True)
+    sys.exit(0 if result.ok else (result.exit_code or 1))
+
+
+@sandbox_group.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8100, show_default=True, type=int)
+@workers_option
+@click.option("--max-queue", type=click.IntRange(1), default=None, help="Calls that may wait for a worker.")
+@click.option("--queue-timeout", type=float, default=None, help="Seconds a call may wait for a worker.")
+@click.option("--max-sessions", type=click.IntRange(0), default=None, help="Open stateful sessions at most.")
+@click.option("--timeout", "wall", type=float, default=None, help="Default per-call wall-time limit, s.")
+@click.option("--memory-mb", type=click.IntRange(64), default=None, help="Per-call address-space limit, MiB.")
+@unsafe_option
+def serve_cmd(host: str, port: int, workers: int | None, max_queue, queue_timeout, max_sessions, wall,
+              memory_mb, unsafe: bool) -> None:
+    """Serve the sandbox over HTTP (POST /run, /run_batch, /sessions; GET /health, /metrics)."""
+    import uvicorn
+
+    from .server import create_app
+
+    limits = Limits()
+    if wall:
+        limits = dataclasses.replace(limits, wall_seconds=wall, cpu_seconds=max(wall, limits.cpu_seconds or 0))
+    if memory_mb:
+        limits = dataclasses.replace(limits, memory_bytes=memory_mb << 20)
+    cfg = _config(workers, unsafe, limits=limits, max_queue=max_queue, queue_timeout=queue_timeout,
+                  max_sessions=max_sessions)
+    sandbox = LocalSandbox(cfg)
+    try:
+        uvicorn.run(create_app(sandbox), host=host, port=port, log_level="warning")
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@sandbox_group.command("bench")
+@click.option("--quick", is_flag=True, help="A tenth of the calls: a smoke run, not figures to quote.")
+@workers_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write rows here.")
+def bench_cmd(quick: bool, workers: int | None, json_path: str | None) -> None:
+    """Fresh interpreter per call vs. our isolated pool, side by side."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .bench import ratios, run_bench
+
+    console = Console()
+
+    def progress(row):
+        console.log(f"{row.system:28} {row.workload:9} c={row.concurrency:<4} {row.calls_per_s:8.1f} calls/s "
+                    f"median {row.median_ms:7.1f} ms  p99 {row.p99_ms:7.1f} ms  ok {row.ok}/{row.calls}")
+
+    try:
+        rows = asyncio.run(run_bench(quick=quick, workers=workers, progress=progress))
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+    table = Table(title="rstar2 sandbox bench")
+    for col in ("workload", "concurrency", "system", "calls", "median ms", "p99 ms", "calls/s"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.workload, str(r.concurrency), r.system, f"{r.ok}/{r.calls}", f"{r.median_ms:.1f}",
+                      f"{r.p99_ms:.1f}", f"{r.calls_per_s:.1f}")
+    console.print(table)
+    rt = Table(title="ratio (b)/(a)")
+    for col in ("workload", "concurrency", "calls/s ratio", "median latency ratio"):
+        rt.add_column(col)
+    rat = ratios(rows)
+    for x in rat:
+        rt.add_row(x["workload"], str(x["concurrency"]), f"{x['throughput_ratio']:.1f}x",
+                   f"{x['median_latency_ratio']:.3f}")
+    console.print(rt)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": [dataclasses.asdict(r) for r in rows], "ratios": rat}, f, indent=2)
