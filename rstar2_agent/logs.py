@@ -1,4 +1,4 @@
-"""Logging for the command line: one rich handler on the root logger."""
+"""Logging for the command line: one rich handler on the root logger, writing to stderr."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import logging
 
 
 def setup_logging(verbose: bool = False) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        datefmt="[%X]", handlers=[RichHandler(rich_tracebacks=False, show_path=False)], force=True)
+                        datefmt="[%X]", handlers=[RichHandler(console=Console(stderr=True), show_path=False)], force=True)

@@ -39,10 +39,11 @@ class Worker:
         self.host_scratch: str | None = None
         self.calls = 0
         self.started_at = 0.0
+        self.broken = False  # set once the channel failed, before the process is reaped
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        return self.proc is not None and self.proc.returncode is None and not self.broken
 
     @property
     def pid(self) -> int | None:
@@ -109,6 +110,7 @@ class Worker:
             self.proc.stdin.write(_HDR.pack(len(body)) + body)
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as e:
+            self.broken = True
             raise WorkerDied(f"worker pipe closed: {e}") from e
 
     async def _read(self) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class Worker:
             head = await self.proc.stdout.readexactly(_HDR.size)
             body = await self.proc.stdout.readexactly(_HDR.unpack(head)[0])
         except (asyncio.IncompleteReadError, ConnectionError) as e:
+            self.broken = True
             raise WorkerDied("the sandbox worker process exited") from e
         return json.loads(body)
 
@@ -133,6 +136,7 @@ class Worker:
         return getattr(self, "_stderr_tail", b"").decode("utf-8", "replace").strip()
 
     async def kill(self) -> None:
+        self.broken = True
         if self.proc is not None and self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST_SECRET = "RSTAR2_TEST_HOST_SECRET"
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of `pid`, read from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+@pytest.fixture(scope="session")
+async def sandbox():
+    """One isolated pool for the tests that only run code (faults that break workers use their own)."""
+    os.environ[HOST_SECRET] = "do-not-leak"
+    sb = LocalSandbox(SandboxConfig(workers=2, limits=Limits(wall_seconds=5, cpu_seconds=5)))
+    await sb.start()
+    yield sb
+    await sb.close()
