@@ -9,5 +9,6 @@ def setup_logging(verbose: bool = False) -> None:
     from rich.console import Console
     from rich.logging import RichHandler
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        datefmt="[%X]", handlers=[RichHandler(console=Console(stderr=True), show_path=False)], force=True)
+    handler = RichHandler(console=Console(stderr=True), show_path=False)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", datefmt="[%X]",
+                        handlers=[handler], force=True)

@@ -136,8 +136,9 @@ def ratios(rows: list[Row]) -> list[dict[str, float | str | int]]:
     """For each (workload, concurrency): (b)/(a) for calls/s and median latency."""
     out = []
     for a in (r for r in rows if r.system.endswith("(a)")):
-        b = next(r for r in rows if r.system.endswith("(b)") and (r.workload, r.concurrency) == (a.workload,
-                                                                                                 a.concurrency))
+        key = (a.workload, a.concurrency)
+        b = next(r for r in rows if r.system.endswith("(b)") and (r.workload, r.concurrency) == key)
         out.append({"workload": a.workload, "concurrency": a.concurrency,
-                    "throughput_ratio": b.calls_per_s / a.calls_per_s, "median_latency_ratio": b.median_ms / a.median_ms})
+                    "throughput_ratio": b.calls_per_s / a.calls_per_s,
+                    "median_latency_ratio": b.median_ms / a.median_ms})
     return out
