@@ -102,7 +102,7 @@ async def test_segfault_is_reported_as_killed(sandbox):
 
 
 async def test_a_killed_worker_mid_call_is_reported_and_replaced():
-    async with LocalSandbox(SandboxConfig(workers=1)) as sb:
+    async with LocalSandbox(SandboxConfig(workers=1, light_preload=None)) as sb:
         call = asyncio.create_task(sb.run("import time\ntime.sleep(30)", timeout=60))
         await asyncio.sleep(0.5)
         os.killpg(sb.worker_pids()[0], 9)

@@ -58,3 +58,11 @@ async def test_each_call_starts_from_a_clean_state(sandbox):
 async def test_batch_keeps_order(sandbox):
     results = await sandbox.run_batch([ExecRequest(f"print({i} * 2)") for i in range(20)])
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(20)]
+
+
+async def test_code_that_names_sympy_gets_the_template_that_preloaded_it(sandbox):
+    plain = await sandbox.run("import sys\nprint('sym' + 'py' in sys.modules, 'numpy' in sys.modules)")
+    assert plain.stdout == "False True\n"
+    named = await sandbox.run("import sys  # sympy\nprint('sympy' in sys.modules)")
+    assert named.stdout == "True\n"
+    assert plain.backend != named.backend

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -23,7 +24,10 @@ class SandboxConfig:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     limits: Limits = field(default_factory=Limits)
     isolation: bool = True  # False only with --unsafe-no-isolation
-    preload: tuple[str, ...] = ("numpy", "sympy")
+    preload: tuple[str, ...] = ("numpy", "sympy")  # imported once by each template process
+    # A second, lighter template for code that never names the modules only `preload` has (sympy): forking
+    # a process without sympy's heap costs about half as much. None: one template for everything.
+    light_preload: tuple[str, ...] | None = ("numpy",)
     max_queue: int = 65536  # calls waiting for a worker; past this a call fails at once with queue_timeout
     queue_timeout: float = 300.0  # seconds a call may wait for a worker
     max_sessions: int = 32
@@ -34,7 +38,8 @@ class SandboxConfig:
 class LocalSandbox(Sandbox):
     def __init__(self, config: SandboxConfig | None = None, **overrides: Any):
         self.config = config or SandboxConfig(**overrides)
-        self._idle: asyncio.Queue[Worker] = asyncio.Queue()
+        self._idle: dict[tuple[str, ...], asyncio.Queue[Worker]] = {}
+        self._heavy_only = re.compile("")
         self._workers: list[Worker] = []
         self._waiting = 0
         self._running = 0
@@ -54,7 +59,13 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(problem)
         else:
             log.warning("sandbox isolation is OFF (--unsafe-no-isolation): code runs with this user's rights")
-        workers = [self._new_worker("fork") for _ in range(max(1, cfg.workers))]
+        templates = [cfg.preload]
+        heavy_only = sorted(set(cfg.preload) - set(cfg.light_preload or cfg.preload))
+        if heavy_only:
+            templates.append(tuple(cfg.light_preload or ()))
+            self._heavy_only = re.compile(r"\b(" + "|".join(map(re.escape, heavy_only)) + r")\b")
+        self._idle = {t: asyncio.Queue() for t in templates}
+        workers = [self._new_worker("fork", t) for t in templates for _ in range(max(1, cfg.workers))]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -62,7 +73,7 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"could not start the sandbox workers: {errors[0]}")
         for w in workers:
             self._workers.append(w)
-            self._idle.put_nowait(w)
+            self._idle[w.preload].put_nowait(w)
         self._reaper = asyncio.create_task(self._reap_idle_sessions())
 
     async def close(self) -> None:
@@ -76,9 +87,16 @@ class LocalSandbox(Sandbox):
         await asyncio.gather(*(w.close() for w in self._workers + sessions), return_exceptions=True)
         self._workers.clear()
 
-    def _new_worker(self, mode: str) -> Worker:
+    def _new_worker(self, mode: str, preload: tuple[str, ...] | None = None) -> Worker:
         cfg = self.config
-        return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=cfg.preload, bwrap=cfg.bwrap)
+        preload = cfg.preload if preload is None else preload
+        return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=preload, bwrap=cfg.bwrap)
+
+    def _template_for(self, code: str) -> tuple[str, ...]:
+        """The lighter template unless the code names a module only the full one preloads."""
+        if len(self._idle) == 1 or self._heavy_only.search(code):
+            return self.config.preload
+        return tuple(self.config.light_preload or ())
 
     # ------------------------------------------------------------ stateless calls
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
@@ -92,7 +110,7 @@ class LocalSandbox(Sandbox):
         t0 = time.monotonic()
         self._waiting += 1
         try:
-            worker = await asyncio.wait_for(self._idle.get(), cfg.queue_timeout)
+            worker = await asyncio.wait_for(self._idle[self._template_for(code)].get(), cfg.queue_timeout)
         except TimeoutError:
             return self._count(ExecResult.failure(
                 Status.QUEUE_TIMEOUT, f"no sandbox worker was free within {cfg.queue_timeout:.0f} s",
@@ -117,7 +135,7 @@ class LocalSandbox(Sandbox):
 
     def _release(self, worker: Worker) -> None:
         if worker.alive:
-            self._idle.put_nowait(worker)
+            self._idle[worker.preload].put_nowait(worker)
         elif not self._closed:
             task = asyncio.create_task(self._replace(worker))
             self._restarts.add(task)
@@ -127,7 +145,7 @@ class LocalSandbox(Sandbox):
         await dead.close()
         delay = 0.1
         while not self._closed:
-            fresh = self._new_worker("fork")
+            fresh = self._new_worker("fork", dead.preload)
             try:
                 await fresh.start()
             except (WorkerDied, SandboxError, OSError) as e:
@@ -138,7 +156,7 @@ class LocalSandbox(Sandbox):
                 continue
             self.restarted += 1
             self._workers[self._workers.index(dead)] = fresh
-            self._idle.put_nowait(fresh)
+            self._idle[fresh.preload].put_nowait(fresh)
             return
 
     # ------------------------------------------------------------ sessions
@@ -193,7 +211,7 @@ class LocalSandbox(Sandbox):
         return {
             "workers": len(self._workers),
             "alive": sum(w.alive for w in self._workers),
-            "idle": self._idle.qsize(),
+            "idle": sum(q.qsize() for q in self._idle.values()),
             "running": self._running,
             "waiting": self._waiting,
             "sessions": len(self._sessions),
