@@ -12,3 +12,5 @@ def setup_logging(verbose: bool = False) -> None:
     handler = RichHandler(console=Console(stderr=True), show_path=False)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", datefmt="[%X]",
                         handlers=[handler], force=True)
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

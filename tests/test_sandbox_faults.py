@@ -168,3 +168,18 @@ async def test_unsafe_mode_runs_and_cleans_up(tmp_path):
         assert r2.stdout == "[]\n"
         r3 = await sb.run("while True: pass", timeout=1)
         assert r3.status == Status.TIMEOUT
+
+
+async def test_a_worker_that_died_while_idle_is_skipped_without_losing_the_call():
+    async with LocalSandbox(SandboxConfig(workers=2, light_preload=None)) as sb:
+        victim = sb.worker_pids()[0]
+        os.killpg(victim, 9)
+        for _ in range(10):  # give asyncio time to see the exit
+            await asyncio.sleep(0.05)
+        results = await asyncio.gather(*(sb.run("print('ok')") for _ in range(4)))
+        assert [r.stdout for r in results] == ["ok\n"] * 4
+        for _ in range(100):
+            if (await sb.stats())["alive"] == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert (await sb.stats())["alive"] == 2 and victim not in sb.worker_pids()

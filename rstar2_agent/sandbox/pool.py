@@ -14,7 +14,7 @@ from typing import Any
 
 from .isolation import check_isolation
 from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status
-from .worker import Worker, WorkerDied, died_result
+from .worker import NotDelivered, Worker, WorkerDied, died_result
 
 log = logging.getLogger(__name__)
 
@@ -108,26 +108,33 @@ class LocalSandbox(Sandbox):
                 Status.QUEUE_TIMEOUT, f"sandbox queue is full ({cfg.max_queue} calls waiting); retry later "
                 "or add workers (--workers) or servers"))
         t0 = time.monotonic()
-        self._waiting += 1
-        try:
-            worker = await asyncio.wait_for(self._idle[self._template_for(code)].get(), cfg.queue_timeout)
-        except TimeoutError:
-            return self._count(ExecResult.failure(
-                Status.QUEUE_TIMEOUT, f"no sandbox worker was free within {cfg.queue_timeout:.0f} s",
-                queue_time=time.monotonic() - t0))
-        finally:
-            self._waiting -= 1
-        queued = time.monotonic() - t0
-        self._running += 1
-        try:
-            result = await worker.call(code, stdin, timeout)
-        except WorkerDied as e:
-            result = died_result(worker, f"the sandbox worker died during the call ({e}); it was restarted")
-        finally:
-            self._running -= 1
-            self._release(worker)
-        result.queue_time = queued
-        return self._count(result)
+        for attempt in range(2):  # a second try only when the first worker never received the program
+            self._waiting += 1
+            try:
+                left = max(0.0, cfg.queue_timeout - (time.monotonic() - t0))
+                worker = await asyncio.wait_for(self._idle[self._template_for(code)].get(), left)
+            except TimeoutError:
+                return self._count(ExecResult.failure(
+                    Status.QUEUE_TIMEOUT, f"no sandbox worker was free within {cfg.queue_timeout:.0f} s",
+                    queue_time=time.monotonic() - t0))
+            finally:
+                self._waiting -= 1
+            queued = time.monotonic() - t0
+            self._running += 1
+            try:
+                result = await worker.call(code, stdin, timeout)
+            except NotDelivered as e:
+                result = died_result(worker, f"the sandbox worker was gone before the call reached it ({e})")
+                if attempt == 0:
+                    continue
+            except WorkerDied as e:
+                result = died_result(worker, f"the sandbox worker died during the call ({e}); it was restarted")
+            finally:
+                self._running -= 1
+                self._release(worker)
+            result.queue_time = queued
+            return self._count(result)
+        raise AssertionError("unreachable")
 
     def _count(self, result: ExecResult) -> ExecResult:
         self.counts[str(result.status)] += 1

@@ -26,6 +26,10 @@ class WorkerDied(RuntimeError):
     pass
 
 
+class NotDelivered(WorkerDied):
+    """The worker was gone before the program reached it: running the call elsewhere is safe."""
+
+
 class Worker:
     """Owns one runner process. Not safe for concurrent calls: the pool hands it to one call at a time."""
 
@@ -74,7 +78,7 @@ class Worker:
     async def call(self, code: str, stdin: str, timeout: float | None) -> ExecResult:
         """Run one program. Raises WorkerDied when the runner is gone (the caller restarts it)."""
         if not self.alive:
-            raise WorkerDied("worker is not running")
+            raise NotDelivered("worker is not running")
         limits = self.limits.for_call(timeout)
         self.calls += 1
         await self._write({"op": "run", "code": code, "stdin": stdin, "timeout": limits["wall_seconds"],
@@ -111,7 +115,7 @@ class Worker:
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as e:
             self.broken = True
-            raise WorkerDied(f"worker pipe closed: {e}") from e
+            raise NotDelivered(f"worker pipe closed: {e}") from e
 
     async def _read(self) -> dict[str, Any]:
         assert self.proc and self.proc.stdout
