@@ -183,3 +183,17 @@ async def test_a_worker_that_died_while_idle_is_skipped_without_losing_the_call(
                 break
             await asyncio.sleep(0.1)
         assert (await sb.stats())["alive"] == 2 and victim not in sb.worker_pids()
+
+
+async def test_seccomp_refuses_tracing_namespaces_and_io_uring(sandbox):
+    code = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {'x86_64': (101, 272, 425), 'aarch64': (117, 97, 425)}[os.uname().machine]
+out = []
+for n in nr:
+    r = libc.syscall(n, 0, 0, 0, 0)
+    out.append((r, ctypes.get_errno()))
+print(out)"""
+    r = await sandbox.run(code)
+    assert r.ok, r.stderr
+    assert r.stdout == "[(-1, 1), (-1, 1), (-1, 1)]\n"  # EPERM from the filter

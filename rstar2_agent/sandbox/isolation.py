@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .seccomp import build_filter
 from .types import SandboxError
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,11 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     host_scratch: str | None = None
+    pass_fds: tuple[int, ...] = ()  # the seccomp program, read by bwrap at start; close after spawning
 
 
 def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tuple[str, ...],
-                 bwrap: str | None = None) -> Launch:
+                 bwrap: str | None = None, seccomp: bool = True) -> Launch:
     """The command that starts a runner in `mode` ('fork' or 'session')."""
     env = dict(_CHILD_ENV)
     env["RSTAR2_SANDBOX_PRELOAD"] = ",".join(preload)
@@ -115,8 +117,16 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
              "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--remount-ro", "/", "--chdir", "/tmp"]
     for k, v in env.items():
         argv += ["--setenv", k, v]
+    pass_fds: tuple[int, ...] = ()
+    program = build_filter() if seccomp else None
+    if program is not None:
+        fd = os.memfd_create("rstar2-seccomp", 0)
+        os.write(fd, program)
+        os.lseek(fd, 0, os.SEEK_SET)
+        argv += ["--seccomp", str(fd)]
+        pass_fds = (fd,)
     argv += [py_bin, "-I", "-S", SANDBOX_RUNNER, mode, "/tmp"]
-    return Launch(argv, {}, None)
+    return Launch(argv, {}, None, pass_fds)
 
 
 def check_isolation(bwrap: str | None = None) -> str | None:

@@ -60,10 +60,14 @@ class Worker:
         if needs_process_cap():
             self.cap = ProcessCap(self.name, self.limits.max_processes + 8)
         preexec = self.cap.join if self.cap and self.cap.path else None
-        self.proc = await asyncio.create_subprocess_exec(
-            *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=launch.env or None, preexec_fn=preexec,
-            limit=1 << 26, start_new_session=True)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=launch.env or None, preexec_fn=preexec,
+                limit=1 << 26, start_new_session=True, pass_fds=launch.pass_fds)
+        finally:
+            for fd in launch.pass_fds:
+                os.close(fd)
         self._stderr_task = asyncio.create_task(self._drain_stderr())
         try:
             hello = await asyncio.wait_for(self._read(), self.startup_timeout)
