@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .isolation import check_isolation
-from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status
+from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status, unknown_session
 from .worker import NotDelivered, Worker, WorkerDied, died_result
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,7 @@ class LocalSandbox(Sandbox):
                              timeout: float | None = None) -> ExecResult:
         entry = self._sessions.get(session_id)
         if entry is None:
-            return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown or expired session {session_id!r}; "
-                                      "open a new one")
+            return unknown_session(session_id)
         worker, lock, info = entry
         async with lock:
             info.last_used = time.monotonic()

@@ -14,7 +14,7 @@ from typing import Any
 
 from .balance import LeastLoaded
 from .pool import LocalSandbox, SandboxConfig
-from .types import ExecRequest, ExecResult, Limits, Sandbox, SandboxError, Status
+from .types import ExecRequest, ExecResult, Limits, Sandbox, SandboxError, Status, unknown_session
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class RaySandbox(Sandbox):
                              timeout: float | None = None) -> ExecResult:
         i = self._session_home.get(session_id)
         if i is None:
-            return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown session {session_id!r}; open a new one")
+            return unknown_session(session_id)
         d, _ = await self._call("run_in_session", session_id, code, stdin, timeout, index=i)
         return ExecResult.from_dict(d)
 

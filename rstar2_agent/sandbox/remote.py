@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from .balance import LeastLoaded
-from .types import ExecRequest, ExecResult, Sandbox, SandboxError, Status
+from .types import ExecRequest, ExecResult, Sandbox, SandboxError, Status, unknown_session
 from .worker import GRACE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class RemoteSandbox(Sandbox):
                              timeout: float | None = None) -> ExecResult:
         url = self._session_home.get(session_id)
         if url is None:
-            return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown session {session_id!r}; open a new one")
+            return unknown_session(session_id)
         read_timeout = (timeout or DEFAULT_TIMEOUT) + GRACE_SECONDS + 120.0
         resp, url, error = await self._post(f"/sessions/{session_id}/run",
                                             {"code": code, "stdin": stdin, "timeout": timeout}, read_timeout, url)

@@ -86,6 +86,10 @@ class ExecResult:
         return cls(status=status, stderr=message, **kw)
 
 
+def unknown_session(session_id: str) -> ExecResult:
+    return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown or expired session {session_id!r}; open a new one")
+
+
 @dataclass
 class SessionInfo:
     session_id: str
