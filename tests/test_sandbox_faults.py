@@ -9,6 +9,7 @@ import uuid
 from conftest import HOST_SECRET, ROOT, children
 
 from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig, SandboxError, Status
+from rstar2_agent.sandbox.templates import FULL
 
 
 async def assert_pool_clean(sb):
@@ -102,7 +103,7 @@ async def test_segfault_is_reported_as_killed(sandbox):
 
 
 async def test_a_killed_worker_mid_call_is_reported_and_replaced():
-    async with LocalSandbox(SandboxConfig(workers=1, light_preload=None)) as sb:
+    async with LocalSandbox(SandboxConfig(workers=1, templates=(FULL,))) as sb:
         call = asyncio.create_task(sb.run("import time\ntime.sleep(30)", timeout=60))
         await asyncio.sleep(0.5)
         os.killpg(sb.worker_pids()[0], 9)
@@ -161,7 +162,7 @@ async def test_refuses_to_start_without_isolation():
 
 
 async def test_unsafe_mode_runs_and_cleans_up(tmp_path):
-    async with LocalSandbox(SandboxConfig(workers=1, isolation=False, preload=())) as sb:
+    async with LocalSandbox(SandboxConfig(workers=1, isolation=False, templates=((),))) as sb:
         r = await sb.run("import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())")
         assert r.ok
         r2 = await sb.run("import os\nprint(os.listdir('.'))")
@@ -171,7 +172,7 @@ async def test_unsafe_mode_runs_and_cleans_up(tmp_path):
 
 
 async def test_a_worker_that_died_while_idle_is_skipped_without_losing_the_call():
-    async with LocalSandbox(SandboxConfig(workers=2, light_preload=None)) as sb:
+    async with LocalSandbox(SandboxConfig(workers=2, templates=(FULL,))) as sb:
         victim = sb.worker_pids()[0]
         os.killpg(victim, 9)
         for _ in range(10):  # give asyncio time to see the exit

@@ -25,7 +25,7 @@ async def test_two_local_actors_share_the_calls():
         await sb.run_in_session(sid, "z = 3")
         assert (await sb.run_in_session(sid, "z * 3")).stdout == "9\n"
         stats = await sb.stats()
-        assert stats["alive"] == 4  # per actor: a full and a light template worker
+        assert stats["alive"] == 6  # per actor: one worker per template
     finally:
         await sb.close()
         ray.shutdown()

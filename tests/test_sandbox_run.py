@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rstar2_agent.sandbox import ExecRequest, Status
+from rstar2_agent.sandbox.templates import BASE, DEFAULT_TEMPLATES, FULL, NUMPY, TemplateRouter
 
 
 async def test_prints_and_echoes_the_final_expression(sandbox):
@@ -60,9 +61,21 @@ async def test_batch_keeps_order(sandbox):
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(20)]
 
 
-async def test_code_that_names_sympy_gets_the_template_that_preloaded_it(sandbox):
-    plain = await sandbox.run("import sys\nprint('sym' + 'py' in sys.modules, 'numpy' in sys.modules)")
-    assert plain.stdout == "False True\n"
-    named = await sandbox.run("import sys  # sympy\nprint('sympy' in sys.modules)")
-    assert named.stdout == "True\n"
-    assert plain.backend != named.backend
+async def test_programs_go_to_the_smallest_template_that_preloaded_what_they_name(sandbox):
+    probe = "import sys\nprint(['sym' + 'py' in sys.modules, 'num' + 'py' in sys.modules])"
+    plain = await sandbox.run(probe)
+    with_numpy = await sandbox.run("import numpy\n" + probe)
+    with_sympy = await sandbox.run("import sympy\n" + probe)
+    assert plain.stdout == "[False, False]\n"
+    assert with_numpy.stdout == "[False, True]\n"
+    assert with_sympy.stdout == "[True, True]\n"
+    assert len({plain.backend, with_numpy.backend, with_sympy.backend}) == 3
+
+
+def test_router_picks_the_smallest_covering_template():
+    router = TemplateRouter(DEFAULT_TEMPLATES)
+    assert router.pick("print(1)") == BASE
+    assert router.pick("import numpy as np") == NUMPY
+    assert router.pick("from sympy import *\nimport numpy") == FULL
+    assert router.pick("import mpmath") == FULL
+    assert TemplateRouter(((),)).pick("import sympy") == ()

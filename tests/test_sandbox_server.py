@@ -69,7 +69,7 @@ async def test_health_metrics_and_bad_requests(two_servers):
     url = two_servers[0]
     async with httpx.AsyncClient() as c:
         health = (await c.get(f"{url}/health")).json()
-        assert health["status"] == "ok" and health["workers"] == 2 and health["isolation"] is True
+        assert health["status"] == "ok" and health["workers"] == 3 and health["isolation"] is True
         assert (await c.post(f"{url}/run", json={"code": "print(1)"})).json()["stdout"] == "1\n"
         metrics = (await c.get(f"{url}/metrics")).text
         assert 'rstar2_sandbox_calls_total{status="ok"}' in metrics

@@ -27,13 +27,13 @@ print(float(np.linalg.det(a @ a.T + np.eye(120))))"""
 
 def cpu_code(seconds: float) -> str:
     """A pure-Python loop that runs about `seconds` on this machine (calibrated here, in this process)."""
-    n = 200_000
-    t0 = time.process_time()
-    s = 0
-    for i in range(n):
-        s += i * i
-    per_iter = (time.process_time() - t0) / n
-    return f"s = 0\nfor i in range({int(seconds / per_iter)}):\n    s += i * i\nprint(s)"
+    body = "s = 0\nfor i in range({n}):\n    s += i * i\nprint(s)"
+    n = 1_000_000
+    for _ in range(3):  # the cost per iteration grows with the integers' size, so refine
+        t0 = time.process_time()
+        exec(body.format(n=n), {"print": lambda *a: None})
+        n = int(n * seconds / max(1e-6, time.process_time() - t0))
+    return body.format(n=n)
 
 
 @dataclass

@@ -50,7 +50,7 @@ def run_cmd(file, as_json: bool, stdin_text: str, timeout: float | None, urls: t
 
             sandbox = RemoteSandbox(list(urls))
         else:
-            sandbox = LocalSandbox(SandboxConfig(workers=1, isolation=not unsafe, preload=()))
+            sandbox = LocalSandbox(SandboxConfig(workers=1, isolation=not unsafe, templates=((),)))
         async with sandbox:
             return await sandbox.run(code, stdin=stdin_text, timeout=timeout)
 

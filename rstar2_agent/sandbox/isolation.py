@@ -113,7 +113,8 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
             binds.append(p)
     for p in binds:
         argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_bytes), "--tmpfs", "/tmp",
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",
+             "--size", str(scratch_bytes), "--tmpfs", "/tmp",
              "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--remount-ro", "/", "--chdir", "/tmp"]
     for k, v in env.items():
         argv += ["--setenv", k, v]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 import uuid
 from collections import Counter
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .isolation import check_isolation
+from .templates import DEFAULT_TEMPLATES, TemplateRouter
 from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status, unknown_session
 from .worker import NotDelivered, Worker, WorkerDied, died_result
 
@@ -24,10 +24,9 @@ class SandboxConfig:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     limits: Limits = field(default_factory=Limits)
     isolation: bool = True  # False only with --unsafe-no-isolation
-    preload: tuple[str, ...] = ("numpy", "sympy")  # imported once by each template process
-    # A second, lighter template for code that never names the modules only `preload` has (sympy): forking
-    # a process without sympy's heap costs about half as much. None: one template for everything.
-    light_preload: tuple[str, ...] | None = ("numpy",)
+    # Each template is a set of modules a worker imports once; `workers` workers per template. Sessions use
+    # the largest. See templates.py for how a program is routed.
+    templates: tuple[tuple[str, ...], ...] = DEFAULT_TEMPLATES
     max_queue: int = 65536  # calls waiting for a worker; past this a call fails at once with queue_timeout
     queue_timeout: float = 300.0  # seconds a call may wait for a worker
     max_sessions: int = 32
@@ -39,7 +38,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, config: SandboxConfig | None = None, **overrides: Any):
         self.config = config or SandboxConfig(**overrides)
         self._idle: dict[tuple[str, ...], asyncio.Queue[Worker]] = {}
-        self._heavy_only = re.compile("")
+        self.router = TemplateRouter(self.config.templates)
         self._workers: list[Worker] = []
         self._waiting = 0
         self._running = 0
@@ -59,11 +58,7 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(problem)
         else:
             log.warning("sandbox isolation is OFF (--unsafe-no-isolation): code runs with this user's rights")
-        templates = [cfg.preload]
-        heavy_only = sorted(set(cfg.preload) - set(cfg.light_preload or cfg.preload))
-        if heavy_only:
-            templates.append(tuple(cfg.light_preload or ()))
-            self._heavy_only = re.compile(r"\b(" + "|".join(map(re.escape, heavy_only)) + r")\b")
+        templates = self.router.templates
         self._idle = {t: asyncio.Queue() for t in templates}
         workers = [self._new_worker("fork", t) for t in templates for _ in range(max(1, cfg.workers))]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
@@ -89,14 +84,8 @@ class LocalSandbox(Sandbox):
 
     def _new_worker(self, mode: str, preload: tuple[str, ...] | None = None) -> Worker:
         cfg = self.config
-        preload = cfg.preload if preload is None else preload
+        preload = self.router.largest if preload is None else preload
         return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=preload, bwrap=cfg.bwrap)
-
-    def _template_for(self, code: str) -> tuple[str, ...]:
-        """The lighter template unless the code names a module only the full one preloads."""
-        if len(self._idle) == 1 or self._heavy_only.search(code):
-            return self.config.preload
-        return tuple(self.config.light_preload or ())
 
     # ------------------------------------------------------------ stateless calls
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
@@ -112,7 +101,7 @@ class LocalSandbox(Sandbox):
             self._waiting += 1
             try:
                 left = max(0.0, cfg.queue_timeout - (time.monotonic() - t0))
-                worker = await asyncio.wait_for(self._idle[self._template_for(code)].get(), left)
+                worker = await asyncio.wait_for(self._idle[self.router.pick(code)].get(), left)
             except TimeoutError:
                 return self._count(ExecResult.failure(
                     Status.QUEUE_TIMEOUT, f"no sandbox worker was free within {cfg.queue_timeout:.0f} s",

@@ -25,7 +25,7 @@ class SandboxActor:
     def __init__(self, config: dict[str, Any]):
         config = dict(config)
         config["limits"] = Limits(**config["limits"])
-        config["preload"] = tuple(config["preload"])
+        config["templates"] = tuple(tuple(t) for t in config["templates"])
         self.sandbox = LocalSandbox(SandboxConfig(**config))
         self.started = False
 
@@ -60,8 +60,11 @@ class SandboxActor:
 
 class RaySandbox(Sandbox):
     def __init__(self, actors: int = 2, config: SandboxConfig | None = None, *, address: str | None = None,
-                 num_cpus_per_actor: float = 1.0):
+                 num_cpus_per_actor: float = 1.0, actor_options: dict[str, Any] | None = None):
+        """`actor_options` go to Ray as they are, e.g. {"resources": {"sandbox": 1}} to keep the actors on
+        nodes that advertise a `sandbox` resource (the CPU nodes). Actors are spread across nodes."""
         self.n_actors, self.address, self.num_cpus = actors, address, num_cpus_per_actor
+        self.actor_options = {"scheduling_strategy": "SPREAD", **(actor_options or {})}
         self.config = config or SandboxConfig(workers=1)
         self.balancer: LeastLoaded | None = None
         self._session_home: dict[str, int] = {}
@@ -74,7 +77,7 @@ class RaySandbox(Sandbox):
                      include_dashboard=False)
         actor_cls = ray.remote(num_cpus=self.num_cpus, max_concurrency=100_000)(SandboxActor)
         cfg = asdict(self.config)
-        actors = [actor_cls.options(name=None).remote(cfg) for _ in range(self.n_actors)]
+        actors = [actor_cls.options(**self.actor_options).remote(cfg) for _ in range(self.n_actors)]
         try:
             await asyncio.gather(*(a.start.remote() for a in actors))
         except Exception as e:  # noqa: BLE001 - Ray wraps the actor's exception
