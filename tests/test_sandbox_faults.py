@@ -29,8 +29,9 @@ async def test_infinite_loop_times_out(sandbox):
 
 
 async def test_fork_bomb_is_contained(sandbox):
-    r = await sandbox.run("import os\nwhile True:\n    os.fork()", timeout=2)
-    assert r.status in (Status.ERROR, Status.TIMEOUT), r
+    r = await sandbox.run("import os\nwhile True:\n    os.fork()", timeout=5)
+    # the process cap (pids cgroup as root, RLIMIT_NPROC otherwise) stops it long before the host's pid space
+    assert r.status == Status.ERROR and "Resource temporarily unavailable" in r.stderr, r
     await assert_pool_clean(sandbox)
 
 
@@ -57,8 +58,9 @@ async def test_a_gigabyte_of_output_is_truncated(sandbox):
 
 async def test_filesystem_is_read_only_and_private(sandbox):
     marker = f"/tmp/rstar2-host-marker-{uuid.uuid4().hex}"
-    r = await sandbox.run("open('/etc/passwd-x', 'w')")
-    assert r.status == Status.ERROR and "Read-only file system" in r.stderr
+    for path in ("/x", "/etc/passwd-x", "/usr/lib/x"):
+        r = await sandbox.run(f"open({path!r}, 'w')")
+        assert r.status == Status.ERROR and "Read-only file system" in r.stderr, r
     r = await sandbox.run(f"open({marker!r}, 'w').write('hi')\nprint(open({marker!r}).read())")
     assert r.stdout == "hi\n"
     assert not os.path.exists(marker)  # the sandbox's /tmp is not the host's
