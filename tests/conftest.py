@@ -38,3 +38,18 @@ async def sandbox():
     await sb.start()
     yield sb
     await sb.close()
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The embedded SmolLM2-135M-Instruct, converted from its packaged GGUF once (into $RSTAR2_HOME)."""
+    from rstar2_agent.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol.path)

@@ -1,0 +1,170 @@
+"""The multi-turn agent loop: generate, parse tool calls, run them in the sandbox, insert the results, repeat.
+
+Token-in/token-out: the response is the exact ids the engine generated plus the exact ids of the inserted
+tool responses (mask 0); the conversation is never re-tokenized. Serve, eval and train all call
+`run_agent`; many loops run at once on one engine and one sandbox. It never raises for a bad model
+output, a failing tool or a failing engine: those end up in the trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chat_format import ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
+from .engines.base import Engine, EngineError, SamplingParams
+from .sandbox.tools import SESSION_TOOL, STATELESS_TOOL
+from .sandbox.types import ExecResult, Sandbox, Status
+from .trajectory import ToolCallRecord, Trajectory, Turn
+
+
+@dataclass
+class AgentConfig:
+    max_turns: int = 30  # assistant turns (paper: 10 in RL stages 1-2, 15 in stage 3, 30 at eval)
+    max_response_tokens: int = 30000  # generated plus inserted tokens
+    max_tool_output_chars: int = 2048  # per stream, per call, as the model sees it
+    max_calls_per_turn: int = 8
+    tool_timeout: float = 10.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+# A stop string that may end a generation without a call (a markdown fence that closes no python block)
+# resumes the turn; past this many resumes in one turn such soft stops are dropped for the rest of it.
+MAX_RESUMES = 16
+
+# Events for live display (rstar2 chat, streaming serve): ("text", str), ("tool_call", ToolCallRecord),
+# ("tool_result", ToolCallRecord), ("turn_end", Turn).
+OnEvent = Callable[[str, Any], None]
+
+
+async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox: Sandbox, fmt: ChatFormat,
+                    config: AgentConfig | None = None, *, tools: list[dict[str, Any]] | None = None,
+                    session: str | None = None, on_event: OnEvent | None = None) -> Trajectory:
+    """Run the agent on a problem (wrapped in the rStar2 user prompt) or on OpenAI-style messages."""
+    cfg = config or AgentConfig()
+    t_start = time.monotonic()
+    traj = Trajectory(prompt_ids=fmt.render_prompt(prompt, tools))
+    emit = on_event or (lambda kind, payload: None)
+    stops = list(dict.fromkeys([*cfg.sampling.stop, *fmt.protocol.stop]))
+    for turn_index in range(cfg.max_turns):
+        room = min(cfg.max_response_tokens - len(traj.response_ids),
+                   engine.context_length - len(traj.prompt_ids) - len(traj.response_ids))
+        if room <= 0:
+            traj.stop_reason = "max_tokens"
+            break
+        t0 = time.monotonic()
+        decoder = _StreamDecoder(fmt, emit) if on_event else None
+        turn_ids: list[int] = []
+        turn_logprobs: list[float] = []
+        resumes = 0
+        try:
+            while True:  # one assistant turn; resumed when a stop string ended it without a call
+                turn_stops = stops if resumes < MAX_RESUMES else [s for s in stops if s not in fmt.protocol.soft_stop]
+                sampling = dataclasses.replace(cfg.sampling, max_tokens=min(cfg.sampling.max_tokens, room - len(
+                    turn_ids)), stop=turn_stops)
+                gen = await engine.generate(traj.prompt_ids + traj.response_ids + turn_ids, sampling,
+                                            on_tokens=decoder.feed if decoder else None)
+                turn_ids += gen.token_ids
+                turn_logprobs += gen.logprobs
+                text = fmt.decode(turn_ids)
+                calls = fmt.parse(text, cfg.max_calls_per_turn, tools)
+                if calls or gen.stop_text is None or gen.finish_reason != "stop" or len(turn_ids) >= room:
+                    break
+                resumes += 1
+        except (EngineError, OSError, RuntimeError, ValueError) as e:
+            traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
+            traj.response_ids += turn_ids
+            traj.response_mask += [1] * len(turn_ids)
+            traj.logprobs += turn_logprobs
+            if turn_ids:
+                traj.turns.append(Turn(text=fmt.decode(turn_ids), num_tokens=len(turn_ids), finish_reason="error"))
+            break
+        finally:
+            traj.timings["generate"] += time.monotonic() - t0
+        turn = Turn(text=text, num_tokens=len(turn_ids), finish_reason=gen.finish_reason)
+        traj.turns.append(turn)
+        traj.response_ids += turn_ids
+        traj.response_mask += [1] * len(turn_ids)
+        traj.logprobs += turn_logprobs
+        if gen.finish_reason == "length" and len(traj.response_ids) >= cfg.max_response_tokens:
+            traj.stop_reason = "max_tokens"
+            emit("turn_end", turn)
+            break
+        if not calls:
+            traj.stop_reason = "answer" if answer_blocks(text) else "no_tool_call"
+            emit("turn_end", turn)
+            break
+        if gen.finish_reason == "length":  # cut off inside a call: the budget is spent
+            traj.stop_reason = "max_tokens"
+            emit("turn_end", turn)
+            break
+        t0 = time.monotonic()
+        turn.tool_calls = await _run_calls(calls, turn_index, sandbox, cfg, fmt, session, emit)
+        traj.timings["tools"] += time.monotonic() - t0
+        ended_with_eos = bool(turn_ids) and turn_ids[-1] == fmt.eos_id
+        inserted = fmt.tool_response_ids([c.response for c in turn.tool_calls], ended_with_eos, text)
+        emit("turn_end", turn)
+        if len(traj.response_ids) + len(inserted) >= cfg.max_response_tokens:
+            traj.stop_reason = "max_tokens"
+            break
+        turn.inserted_tokens = len(inserted)
+        traj.response_ids += inserted
+        traj.response_mask += [0] * len(inserted)
+        traj.logprobs += [0.0] * len(inserted)
+    else:
+        traj.stop_reason = "max_turns"
+    traj.answer = extract_answer(traj.text)
+    traj.timings["total"] = time.monotonic() - t_start
+    return traj
+
+
+async def _run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox, cfg: AgentConfig, fmt: ChatFormat,
+                     session: str | None, emit: OnEvent) -> list[ToolCallRecord]:
+    """Run a turn's calls concurrently; a call that cannot run, or whose sandbox fails, still gets an answer."""
+
+    async def one(call: ToolCall) -> ToolCallRecord:
+        rec = ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
+                             error=call.error)
+        emit("tool_call", rec)
+        result: ExecResult | None = None
+        if call.error is None:
+            result = await _execute(call, sandbox, cfg.tool_timeout, session)
+            rec.status, rec.stdout, rec.stderr, rec.duration = str(result.status), result.stdout, result.stderr, \
+                result.duration
+        rec.response = format_result(call, result, cfg.max_tool_output_chars, fmt.protocol.name)
+        emit("tool_result", rec)
+        return rec
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float, session: str | None) -> ExecResult:
+    args = call.arguments
+    try:
+        if call.name == STATELESS_TOOL:
+            return await sandbox.run(args.get("code", ""), stdin=args.get("input", "") or "", timeout=timeout)
+        if call.name == SESSION_TOOL and session is not None:
+            return await sandbox.run_in_session(session, args.get("code", ""), timeout=timeout)
+        return ExecResult.failure(Status.INTERNAL_ERROR, f"no executor for the tool {call.name!r}")
+    except Exception as e:  # noqa: BLE001 - a sandbox that is down still gives the model an answer
+        return ExecResult.failure(Status.INTERNAL_ERROR, f"the sandbox failed: {type(e).__name__}: {e}")
+
+
+class _StreamDecoder:
+    """Turns streamed token ids into text deltas (decoding the whole turn so far keeps UTF-8 intact)."""
+
+    def __init__(self, fmt: ChatFormat, emit: OnEvent):
+        self.fmt, self.emit, self.ids, self.sent = fmt, emit, [], 0
+
+    def feed(self, new_ids: list[int]) -> None:
+        self.ids += new_ids
+        text = self.fmt.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return
+        if len(text) > self.sent:
+            self.emit("text", text[self.sent:])
+            self.sent = len(text)

