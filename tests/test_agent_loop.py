@@ -1,0 +1,77 @@
+"""The agent loop with the real hf engine, the real SmolLM2 and the real sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.engines.hf import HFEngine
+from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
+from rstar2_agent.trajectory import STOP_REASONS, Trajectory
+
+pytestmark = pytest.mark.slow
+QUESTION = "What is 2**100? Use Python."
+
+
+@pytest.fixture(scope="module")
+def engine(smol):
+    return HFEngine(smol.path, context_length=smol.spec.context_length)
+
+
+def check_structure(traj: Trajectory, fmt: ChatFormat) -> None:
+    """Invariants that hold whatever the model wrote."""
+    assert traj.stop_reason in STOP_REASONS
+    assert len(traj.response_ids) == len(traj.response_mask) == len(traj.logprobs)
+    assert sum(1 - m for m in traj.response_mask) == sum(t.inserted_tokens for t in traj.turns)
+    generated = [i for i, m in zip(traj.response_ids, traj.response_mask, strict=True) if m]
+    assert fmt.decode(generated) == traj.text  # the mask-1 tokens are exactly the model's turns
+    assert all(lp <= 0.0 for lp, m in zip(traj.logprobs, traj.response_mask, strict=True) if m)
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.response_mask, strict=True) if not m)
+
+
+async def test_markdown_loop_runs_the_tool_and_masks_its_output(engine, sandbox):
+    fmt = ChatFormat(engine.tokenizer, "markdown")
+    cfg = AgentConfig(max_turns=3, max_response_tokens=160, sampling=SamplingParams(temperature=0.0, max_tokens=80))
+    traj = await run_agent(QUESTION, engine, sandbox, fmt, cfg)
+    check_structure(traj, fmt)
+    # Greedy SmolLM2 writes a python block first; the loop runs it and inserts an output block.
+    first = traj.turns[0]
+    assert len(first.tool_calls) == 1 and first.tool_calls[0].status == "ok"
+    assert first.inserted_tokens > 0 and 0 in traj.response_mask
+    start = first.num_tokens
+    inserted = fmt.decode(traj.response_ids[start:start + first.inserted_tokens])
+    assert inserted.startswith("```output\n") and inserted.endswith("```\n")
+
+
+async def test_hermes_loop_and_concurrent_loops_share_batches(engine, sandbox):
+    fmt = ChatFormat(engine.tokenizer, "hermes")
+    cfg = AgentConfig(max_turns=2, max_response_tokens=48,
+                      sampling=SamplingParams(temperature=0.8, max_tokens=48, seed=3))
+    before = engine.batches
+    trajs = await asyncio.gather(*(run_agent(QUESTION, engine, sandbox, fmt, cfg) for _ in range(4)))
+    for t in trajs:
+        check_structure(t, fmt)
+    calls = sum(len(t.turns) for t in trajs)
+    assert engine.batches - before < calls  # concurrent requests were decoded together
+
+
+async def test_a_failing_sandbox_ends_in_the_trajectory_not_an_exception(engine):
+    fmt = ChatFormat(engine.tokenizer, "markdown")
+    closed = LocalSandbox(SandboxConfig(workers=1))  # never started, then closed: every call fails
+    await closed.close()
+    cfg = AgentConfig(max_turns=2, max_response_tokens=120, sampling=SamplingParams(temperature=0.0, max_tokens=60))
+    traj = await run_agent(QUESTION, engine, closed, fmt, cfg)
+    check_structure(traj, fmt)
+    call = traj.turns[0].tool_calls[0]
+    assert call.status == "internal_error" and "closed" in call.stderr
+    assert "closed" in call.response  # the model is told
+
+
+async def test_a_prompt_longer_than_the_context_ends_with_max_tokens(engine, sandbox):
+    fmt = ChatFormat(engine.tokenizer, "markdown")
+    traj = await run_agent("x " * 9000, engine, sandbox, fmt, AgentConfig(max_turns=2))
+    assert traj.stop_reason == "max_tokens" and traj.response_ids == []
