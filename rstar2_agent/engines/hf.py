@@ -169,23 +169,21 @@ class HFEngine(Engine):
     def _sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
                 gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: greedy at temperature 0, else temperature + nucleus sampling. The logprob is that of the
-        chosen token under softmax(logits / temperature) (temperature 1 for greedy rows), before top-p."""
+        chosen token under the distribution sampled from (softmax(logits / T), renormalized over the top-p
+        set), as vLLM's processed logprobs; greedy rows report the raw model logprob."""
         greedy = temps <= 0
         t = torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
-        logp = torch.log_softmax(logits / t, dim=-1)
-        probs = logp.exp()
+        probs = torch.softmax(logits / t, dim=-1)
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        cum = sorted_p.cumsum(-1)
-        cut = (cum - sorted_p) > top_p.unsqueeze(-1)
-        sorted_p = sorted_p.masked_fill(cut, 0.0)
+        cut = (sorted_p.cumsum(-1) - sorted_p) > top_p.unsqueeze(-1)
+        sorted_p = sorted_p.masked_fill(cut & ~greedy.unsqueeze(-1), 0.0)
+        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
         choice = torch.empty(len(gens), dtype=torch.long, device=logits.device)
+        chosen_p = torch.empty(len(gens), dtype=probs.dtype, device=logits.device)
         for i, g in enumerate(gens):
-            if bool(greedy[i]):
-                choice[i] = int(logits[i].argmax())
-            else:
-                k = torch.multinomial(sorted_p[i] / sorted_p[i].sum(), 1, generator=g)
-                choice[i] = order[i, k]
-        return choice, logp.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+            k = 0 if bool(greedy[i]) else int(torch.multinomial(sorted_p[i], 1, generator=g))
+            choice[i], chosen_p[i] = order[i, k], sorted_p[i, k]
+        return choice, chosen_p.clamp_min(1e-30).log()
 
     def _hit_stop(self, r: _Request) -> bool:
         """A stop string is complete in the generated text (checked on the tail: it is new each step)."""

