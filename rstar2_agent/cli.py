@@ -18,3 +18,45 @@ def main(verbose: bool) -> None:
 
 
 main.add_command(sandbox_group)
+
+
+@main.command("chat")
+@click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
+@click.option("--engine", type=click.Choice(["auto", "vllm", "hf", "openai"]), default="auto", show_default=True,
+              help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
+@click.option("--url", default=None, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
+@click.option("--served-model", default=None, help="The model name on that server (default: its first).")
+@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
+@click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
+@click.option("--max-turns", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=4096, show_default=True,
+              help="Response budget per answer (generated and tool tokens).")
+@click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
+              help="Default: the model's (registry).")
+@click.option("-p", "--prompt", "question", default=None, help="Answer this once and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With -p: print the trajectory as JSON.")
+@click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
+@click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
+def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, max_tokens, tool_protocol,
+             question, as_json, sandbox_urls, unsafe) -> None:
+    """Chat with the agent in the terminal."""
+    import asyncio
+
+    from rich.console import Console
+
+    from .chat import ChatOptions, chat_loop, chat_once
+    from .engines import EngineError
+    from .models import ModelError
+    from .sandbox import SandboxConfig, SandboxError, make_sandbox
+
+    opts = ChatOptions(model=model, engine=engine, url=url, served_model=served_model, api_key=api_key,
+                       temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
+                       tool_protocol=tool_protocol)
+    sandbox = make_sandbox(list(sandbox_urls), config=SandboxConfig(workers=1, isolation=not unsafe))
+    console = Console(stderr=as_json)
+    try:
+        if question is not None:
+            raise SystemExit(asyncio.run(chat_once(question, opts, sandbox, as_json, console)))
+        asyncio.run(chat_loop(opts, sandbox, console))
+    except (ModelError, EngineError, SandboxError) as e:
+        raise click.ClickException(str(e)) from e

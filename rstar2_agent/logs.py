@@ -14,3 +14,10 @@ def setup_logging(verbose: bool = False) -> None:
                         handlers=[handler], force=True)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:  # transformers' per-weight progress bars are noise in a terminal app
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass

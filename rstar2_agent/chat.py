@@ -1,0 +1,172 @@
+"""`rstar2 chat`: a terminal chat with the agent, rendered with rich.
+
+Reasoning streams as it is generated, each tool call shows as highlighted code and its output in a panel,
+and the final answer stands apart. Ctrl-C stops the current answer, not the program; /reset forgets the
+conversation, /exit leaves. `-p QUESTION` answers once and exits (`--json` prints the trajectory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.text import Text
+
+from .agent import AgentConfig, run_agent
+from .chat_format import USER_TEMPLATE, ChatFormat
+from .engines import Engine, make_engine
+from .engines.base import SamplingParams
+from .models import resolve_model
+from .sandbox import Sandbox
+from .trajectory import ToolCallRecord, Trajectory
+
+
+@dataclass
+class ChatOptions:
+    model: str | None = None
+    engine: str = "auto"  # vllm on GPU machines, hf on CPU, openai with --url
+    url: str | None = None
+    served_model: str | None = None
+    api_key: str | None = None
+    temperature: float = 0.6
+    max_turns: int = 10
+    max_tokens: int = 4096
+    tool_protocol: str | None = None  # default: the model's, from the registry
+
+
+def pick_engine(opts: ChatOptions) -> str:
+    if opts.url:
+        return "openai"
+    if opts.engine != "auto":
+        return opts.engine
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "hf"
+
+
+def build(opts: ChatOptions, console: Console) -> tuple[Engine, ChatFormat]:
+    kind = pick_engine(opts)
+    with console.status(f"resolving the model {opts.model or 'smollm2-135m'} ...") as status:
+        resolved = resolve_model(opts.model)
+        status.update(f"starting the {kind} engine on {resolved.path} ...")
+        engine = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=opts.url,
+                             served_model=opts.served_model, api_key=opts.api_key)
+    fmt = ChatFormat(engine.tokenizer, opts.tool_protocol or resolved.spec.tool_protocol,
+                     resolved.spec.chat_template)
+    return engine, fmt
+
+
+class Renderer:
+    """Turns agent events into terminal output."""
+
+    def __init__(self, console: Console, hide: tuple[str, ...] = ()):
+        self.console, self.hide = console, hide
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "text":
+            for token in self.hide:
+                payload = payload.replace(token, "")
+            self.console.print(Text(payload, style="dim"), end="")
+        elif kind == "tool_call":
+            self._call(payload)
+        elif kind == "tool_result":
+            self._result(payload)
+        elif kind == "turn_end":
+            self.console.print()
+
+    def _call(self, call: ToolCallRecord) -> None:
+        self.console.print()
+        if call.error is not None:
+            self.console.print(Panel(Text(call.raw or "(empty)"), title="malformed tool call", border_style="red"))
+            return
+        code = call.arguments.get("code", json.dumps(call.arguments, indent=2))
+        self.console.print(Panel(Syntax(code, "python", theme="ansi_dark"), title=f"tool call: {call.name}",
+                                 border_style="cyan"))
+
+    def _result(self, call: ToolCallRecord) -> None:
+        if call.error is not None:
+            body, style, title = call.error, "red", "not run"
+        else:
+            body = (call.stdout + (("\n" if call.stdout else "") + call.stderr if call.stderr else "")).rstrip()
+            style = "green" if call.status == "ok" else "yellow"
+            title = f"{call.status} in {call.duration * 1000:.0f} ms"
+        self.console.print(Panel(Text(body or "(no output)"), title=title, border_style=style))
+
+    def final(self, traj: Trajectory) -> None:
+        if traj.stop_reason == "engine_error":
+            self.console.print(Panel(Text(traj.error or "engine error"), title="engine error", border_style="red"))
+        if traj.answer is not None:
+            self.console.print(Panel(Text(traj.answer, style="bold"), title="answer", border_style="magenta"))
+        self.console.print(Text(f"[{traj.stop_reason}, {len(traj.turns)} turns, {len(traj.tool_calls)} tool calls, "
+                                f"{traj.num_generated_tokens} tokens, {traj.timings['total']:.1f} s]", style="dim"))
+
+
+async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, messages: list[dict[str, Any]],
+                 opts: ChatOptions, renderer: Renderer | None) -> Trajectory:
+    cfg = AgentConfig(max_turns=opts.max_turns, max_response_tokens=opts.max_tokens,
+                      sampling=SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens))
+    return await run_agent(messages, engine, sandbox, fmt, cfg, on_event=renderer)
+
+
+def user_message(text: str) -> dict[str, str]:
+    return {"role": "user", "content": USER_TEMPLATE.format(problem=text)}
+
+
+async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json: bool, console: Console) -> int:
+    engine, fmt = build(opts, console)
+    try:
+        async with sandbox:
+            renderer = None if as_json else Renderer(console, (fmt.eos_text,))
+            traj = await answer(engine, sandbox, fmt, [user_message(question)], opts, renderer)
+    finally:
+        await engine.close()
+    if as_json:
+        sys.stdout.write(json.dumps(traj.to_dict()) + "\n")
+    else:
+        renderer.final(traj)
+    return 0 if traj.stop_reason != "engine_error" else 1
+
+
+async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> None:
+    engine, fmt = build(opts, console)
+    renderer = Renderer(console, (fmt.eos_text,))
+    messages: list[dict[str, Any]] = []
+    console.print(Text("Ask a question. /reset forgets the conversation, /exit leaves, Ctrl-C stops an answer.",
+                       style="dim"))
+    try:
+        async with sandbox:
+            while True:
+                try:
+                    line = await asyncio.to_thread(console.input, "[bold cyan]you> [/]")
+                except (EOFError, KeyboardInterrupt):
+                    break
+                line = line.strip()
+                if not line:
+                    continue
+                if line == "/exit":
+                    break
+                if line == "/reset":
+                    messages = []
+                    console.print(Text("(conversation forgotten)", style="dim"))
+                    continue
+                messages.append(user_message(line))
+                task = asyncio.create_task(answer(engine, sandbox, fmt, messages, opts, renderer))
+                try:
+                    traj = await asyncio.shield(task)
+                except (KeyboardInterrupt, asyncio.CancelledError):
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    messages.pop()
+                    console.print(Text("\n(stopped)", style="yellow"))
+                    continue
+                renderer.final(traj)
+                messages.append({"role": "assistant", "content": traj.turns[-1].text.replace(fmt.eos_text, "")
+                                 if traj.turns else ""})
+    finally:
+        await engine.close()

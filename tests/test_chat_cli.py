@@ -1,0 +1,40 @@
+"""`rstar2 chat` as a user runs it: one-shot JSON, and an interactive session on piped input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([RSTAR2, "chat", "--engine", "hf", "--temperature", "0", *args], input=stdin,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_one_shot_json_is_a_trajectory(smol):
+    p = run(["-p", "What is 2**100? Use Python.", "--json", "--max-turns", "2", "--max-tokens", "120"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    traj = json.loads(p.stdout)
+    assert traj["stop_reason"] in ("answer", "no_tool_call", "max_turns", "max_tokens")
+    assert len(traj["response_ids"]) == len(traj["response_mask"]) == len(traj["logprobs"])
+    assert traj["num_tool_calls"] == len([c for t in traj["turns"] for c in t["tool_calls"]])
+
+
+def test_interactive_session_answers_resets_and_exits(smol):
+    p = run(["--max-tokens", "40"], stdin="What is 3*7?\n/reset\n/exit\n")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "you>" in p.stdout and "(conversation forgotten)" in p.stdout
+    assert "turns" in p.stdout and "<|im_end|>" not in p.stdout
+
+
+def test_unknown_hub_model_fails_with_a_clear_message():
+    p = run(["-p", "hi", "--model", "no-such-org/no-such-model-xyz"])
+    assert p.returncode != 0
+    assert "could not get the model" in p.stderr and "--model" in p.stderr
