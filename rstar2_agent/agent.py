@@ -85,6 +85,8 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             break
         finally:
             traj.timings["generate"] += time.monotonic() - t0
+            if decoder is not None:
+                decoder.flush()
         turn = Turn(text=text, num_tokens=len(turn_ids), finish_reason=gen.finish_reason)
         traj.turns.append(turn)
         traj.response_ids += turn_ids
@@ -155,16 +157,26 @@ async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float, session: st
 
 
 class _StreamDecoder:
-    """Turns streamed token ids into text deltas (decoding the whole turn so far keeps UTF-8 intact)."""
+    """Turns streamed token ids into text deltas, incrementally (as vLLM's detokenizer does): decode a short
+    window and emit what it adds, waiting while a multi-byte character is incomplete."""
 
     def __init__(self, fmt: ChatFormat, emit: OnEvent):
-        self.fmt, self.emit, self.ids, self.sent = fmt, emit, [], 0
+        self.fmt, self.emit = fmt, emit
+        self.ids: list[int] = []
+        self.prefix = self.read = 0
 
     def feed(self, new_ids: list[int]) -> None:
         self.ids += new_ids
-        text = self.fmt.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            return
-        if len(text) > self.sent:
-            self.emit("text", text[self.sent:])
-            self.sent = len(text)
+        before = self.fmt.decode(self.ids[self.prefix:self.read])
+        after = self.fmt.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.emit("text", after[len(before):])
+            self.prefix, self.read = self.read, len(self.ids)
+
+    def flush(self) -> None:
+        """At the end of a turn: emit what was held back (text that really ends in an invalid character)."""
+        before = self.fmt.decode(self.ids[self.prefix:self.read])
+        after = self.fmt.decode(self.ids[self.prefix:])
+        if len(after) > len(before):
+            self.emit("text", after[len(before):])
+        self.prefix = self.read = len(self.ids)

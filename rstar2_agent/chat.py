@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,20 +135,47 @@ async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json:
     return 0 if traj.stop_reason != "engine_error" else 1
 
 
+def _read_line(console: Console, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """Read one line in a daemon thread (a blocked read must not keep the program alive at exit)."""
+    fut = loop.create_future()
+
+    def work() -> None:
+        try:
+            line = console.input("[bold cyan]you> [/]")
+        except BaseException:  # noqa: BLE001 - EOF or a closed terminal ends the chat
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(EOFError()))
+            return
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(line))
+
+    threading.Thread(target=work, daemon=True).start()
+    return fut
+
+
 async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> None:
     engine, fmt = build(opts, console)
     renderer = Renderer(console, (fmt.eos_text,))
     messages: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    current: dict[str, asyncio.Future | None] = {"answer": None, "input": None}
+
+    def on_sigint() -> None:  # Ctrl-C: stop the answer being written; at the prompt, leave
+        for key in ("answer", "input"):
+            fut = current[key]
+            if fut is not None and not fut.done():
+                fut.cancel()
+                return
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
     console.print(Text("Ask a question. /reset forgets the conversation, /exit leaves, Ctrl-C stops an answer.",
                        style="dim"))
     try:
         async with sandbox:
             while True:
+                current["input"] = _read_line(console, loop)
                 try:
-                    line = await asyncio.to_thread(console.input, "[bold cyan]you> [/]")
-                except (EOFError, KeyboardInterrupt):
+                    line = (await current["input"]).strip()
+                except (EOFError, asyncio.CancelledError):
                     break
-                line = line.strip()
                 if not line:
                     continue
                 if line == "/exit":
@@ -156,17 +185,19 @@ async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> No
                     console.print(Text("(conversation forgotten)", style="dim"))
                     continue
                 messages.append(user_message(line))
-                task = asyncio.create_task(answer(engine, sandbox, fmt, messages, opts, renderer))
+                task = asyncio.ensure_future(answer(engine, sandbox, fmt, messages, opts, renderer))
+                current["answer"] = task
                 try:
-                    traj = await asyncio.shield(task)
-                except (KeyboardInterrupt, asyncio.CancelledError):
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+                    traj = await task
+                except asyncio.CancelledError:
                     messages.pop()
                     console.print(Text("\n(stopped)", style="yellow"))
                     continue
+                finally:
+                    current["answer"] = None
                 renderer.final(traj)
-                messages.append({"role": "assistant", "content": traj.turns[-1].text.replace(fmt.eos_text, "")
-                                 if traj.turns else ""})
+                last = traj.turns[-1].text.replace(fmt.eos_text, "") if traj.turns else ""
+                messages.append({"role": "assistant", "content": last})
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         await engine.close()

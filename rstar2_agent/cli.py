@@ -60,3 +60,51 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
         asyncio.run(chat_loop(opts, sandbox, console))
     except (ModelError, EngineError, SandboxError) as e:
         raise click.ClickException(str(e)) from e
+
+
+@main.group("engines")
+def engines_group() -> None:
+    """Inference engines (vllm, hf, openai)."""
+
+
+@engines_group.command("bench")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--engine", "kinds", multiple=True, type=click.Choice(["hf", "vllm"]), default=("hf", "vllm"),
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(8), default=128, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
+    """Tokens/s at 1 and 8 concurrent loops per engine, and the agent loop's overhead over the bare engine."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .engines import make_engine
+    from .engines.bench import bench_engine
+    from .models import resolve_model
+
+    resolved = resolve_model(model)
+    console = Console()
+
+    async def go():
+        rows = []
+        for kind in kinds:
+            with console.status(f"starting {kind} ..."):
+                engine = make_engine(kind, resolved.path, context_length=min(resolved.spec.context_length, 4096))
+            try:
+                rows += await bench_engine(engine, kind, max_tokens=max_tokens, rounds=rounds)
+            finally:
+                await engine.close()
+            console.log(f"{kind} done")
+        return rows
+
+    rows = asyncio.run(go())
+    table = Table(title=f"engines on {resolved.spec.name}: generated tokens/s")
+    for col in ("engine", "concurrent loops", "requests", "tokens", "bare engine tok/s", "agent loop tok/s",
+                "loop overhead"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.engine, str(r.concurrency), str(r.requests), str(r.tokens), f"{r.bare_tok_s:.1f}",
+                      f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%")
+    console.print(table)

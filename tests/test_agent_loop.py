@@ -75,3 +75,15 @@ async def test_a_prompt_longer_than_the_context_ends_with_max_tokens(engine, san
     fmt = ChatFormat(engine.tokenizer, "markdown")
     traj = await run_agent("x " * 9000, engine, sandbox, fmt, AgentConfig(max_turns=2))
     assert traj.stop_reason == "max_tokens" and traj.response_ids == []
+
+
+async def test_hf_engine_loads_new_weights(engine):
+    ids = engine.tokenizer.encode("The capital of France is")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    before = await engine.generate(ids, greedy)
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    await engine.load_weights({k: v * 1.5 for k, v in original.items()})
+    changed = await engine.generate(ids, greedy)
+    await engine.load_weights(original)
+    restored = await engine.generate(ids, greedy)
+    assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids

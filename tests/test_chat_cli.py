@@ -38,3 +38,30 @@ def test_unknown_hub_model_fails_with_a_clear_message():
     p = run(["-p", "hi", "--model", "no-such-org/no-such-model-xyz"])
     assert p.returncode != 0
     assert "could not get the model" in p.stderr and "--model" in p.stderr
+
+
+def test_ctrl_c_stops_the_answer_not_the_program(smol):
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([RSTAR2, "chat", "--engine", "hf", "--temperature", "0.9", "--max-tokens", "3000",
+                             "--max-turns", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out = ""
+        deadline = time.monotonic() + 120
+        while "you>" not in out and time.monotonic() < deadline:  # engine started, prompt shown
+            out += os.read(proc.stdout.fileno(), 4096).decode(errors="replace")
+        proc.stdin.write("Write a very long story about the sea.\n")
+        proc.stdin.flush()
+        time.sleep(4)  # it is writing now
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.write("/exit\n")
+        proc.stdin.flush()
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "(stopped)" in out + rest
+    assert proc.returncode == 0

@@ -151,3 +151,17 @@ def test_extract_answer(text, answer):
 
 def test_last_boxed_handles_nesting():
     assert last_boxed("\\boxed{\\sqrt{\\frac{a}{b}}}") == "\\sqrt{\\frac{a}{b}}"
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(max_size=80))
+def test_streamed_text_deltas_add_up_to_the_decoded_turn(fmt, text):
+    from rstar2_agent.agent import _StreamDecoder
+
+    ids = fmt.encode(text)
+    deltas: list[str] = []
+    decoder = _StreamDecoder(fmt, lambda kind, delta: deltas.append(delta))
+    for i in ids:
+        decoder.feed([i])
+    decoder.flush()
+    assert "".join(deltas) == fmt.decode(ids)

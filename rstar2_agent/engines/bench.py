@@ -1,0 +1,84 @@
+"""`rstar2 engines bench`: engine tokens/s at 1 and 8 concurrent agent loops, and the loop's own overhead.
+
+For each engine, the same prompts run twice side by side: (bare) `engine.generate` on the rendered prompt,
+(loop) `run_agent` with one turn and the same sampling and seeds, so both generate the same tokens; the
+overhead is the loop's extra wall time. Hermes format, where SmolLM2 writes no tool call, so no sandbox
+time enters the loop's figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ..agent import AgentConfig, run_agent
+from ..chat_format import ChatFormat
+from ..sandbox import LocalSandbox, SandboxConfig
+from .base import Engine, SamplingParams
+
+QUESTIONS = [
+    "What is the sum of the first 100 positive integers?",
+    "How many primes are there below 50?",
+    "Solve x^2 - 5x + 6 = 0.",
+    "What is 17 * 23?",
+    "Find the greatest common divisor of 84 and 120.",
+    "How many ways can 5 people sit in a row?",
+    "What is the remainder when 2^10 is divided by 7?",
+    "Compute the area of a circle of radius 3.",
+]
+
+
+@dataclass
+class EngineRow:
+    engine: str
+    concurrency: int
+    requests: int
+    tokens: int
+    bare_tok_s: float
+    loop_tok_s: float
+
+    @property
+    def overhead(self) -> float:
+        return self.bare_tok_s / self.loop_tok_s - 1.0
+
+
+async def _timed(coros) -> float:
+    t0 = time.perf_counter()
+    await asyncio.gather(*coros)
+    return time.perf_counter() - t0
+
+
+async def bench_engine(engine: Engine, name: str, concurrencies=(1, 8), max_tokens: int = 128,
+                       rounds: int = 2) -> list[EngineRow]:
+    fmt = ChatFormat(engine.tokenizer, "hermes")
+    async with LocalSandbox(SandboxConfig(workers=1)) as sandbox:
+        return [await _setting(engine, name, fmt, sandbox, conc, max_tokens, rounds) for conc in concurrencies]
+
+
+async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSandbox, conc: int, max_tokens: int,
+                   rounds: int) -> EngineRow:
+    n = max(conc, 4)
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+    prompts = [fmt.render_prompt(q) for q in questions]
+    sampling = [SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=i) for i in range(n)]
+    sem = asyncio.Semaphore(conc)
+    counted = [0]
+
+    async def bare(i: int) -> None:
+        async with sem:
+            counted[0] += len((await engine.generate(prompts[i], sampling[i])).token_ids)
+
+    async def loop(i: int) -> None:
+        async with sem:
+            cfg = AgentConfig(max_turns=1, max_response_tokens=max_tokens, sampling=sampling[i])
+            await run_agent(questions[i], engine, sandbox, fmt, cfg)
+
+    await _timed([bare(i) for i in range(min(n, 2))])  # warm-up
+    counted[0] = 0
+    bare_s = loop_s = 0.0
+    for _ in range(rounds):  # interleaved, so drift hits both alike
+        bare_s += await _timed([bare(i) for i in range(n)])
+        loop_s += await _timed([loop(i) for i in range(n)])
+    tokens = counted[0] // rounds
+    return EngineRow(name, conc, n, tokens, tokens * rounds / bare_s, tokens * rounds / loop_s)
