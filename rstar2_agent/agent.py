@@ -165,7 +165,7 @@ class _StreamDecoder:
         self.ids: list[int] = []
         self.prefix = self.read = 0
 
-    def feed(self, new_ids: list[int]) -> None:
+    def feed(self, new_ids: list[int], logprobs: list[float] | None = None) -> None:
         self.ids += new_ids
         before = self.fmt.decode(self.ids[self.prefix:self.read])
         after = self.fmt.decode(self.ids[self.prefix:])

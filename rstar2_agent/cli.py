@@ -108,3 +108,12 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
         table.add_row(r.engine, str(r.concurrency), str(r.requests), str(r.tokens), f"{r.bare_tok_s:.1f}",
                       f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%")
     console.print(table)
+
+
+def _serve_command() -> click.Command:
+    from rstar2_agent.serve.cli import serve_cmd
+
+    return serve_cmd
+
+
+main.add_command(_serve_command(), "serve")

@@ -41,7 +41,8 @@ async def vllm_engine(smol):
 async def test_vllm_generates_ids_and_logprobs_and_streams(vllm_engine):
     ids = prompt(vllm_engine.tokenizer)
     streamed: list[int] = []
-    gen = await vllm_engine.generate(ids, SamplingParams(temperature=0.7, max_tokens=24, seed=1), streamed.extend)
+    gen = await vllm_engine.generate(ids, SamplingParams(temperature=0.7, max_tokens=24, seed=1),
+                                     lambda new, lps: streamed.extend(new))
     assert 0 < len(gen.token_ids) <= 24 and len(gen.logprobs) == len(gen.token_ids)
     assert streamed == gen.token_ids and all(lp <= 0 for lp in gen.logprobs)
     again = await vllm_engine.generate(ids, SamplingParams(temperature=0.7, max_tokens=24, seed=1))
@@ -114,7 +115,8 @@ async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):
         assert engine.context_length == CONTEXT  # read from /v1/models
         assert 0 < len(gen.token_ids) <= 20 and len(gen.logprobs) == len(gen.token_ids)
         streamed: list[int] = []
-        again = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=20), streamed.extend)
+        again = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=20),
+                                      lambda new, lps: streamed.extend(new))
         assert streamed == again.token_ids == gen.token_ids
         fmt = ChatFormat(engine.tokenizer, "markdown")
         cfg = AgentConfig(max_turns=2, max_response_tokens=100,

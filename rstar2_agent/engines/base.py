@@ -20,6 +20,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings, kept in the output
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False  # generate max_tokens whatever the model says (benchmarks)
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Generation:
     stop_text: str | None = None  # the stop string that ended it, if any
 
 
-OnTokens = Callable[[list[int]], None]
+OnTokens = Callable[[list[int], list[float]], None]  # new ids and their logprobs, as produced
 
 
 class Engine(abc.ABC):
@@ -44,7 +45,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
-        """Generate one continuation. `on_tokens` receives new ids as they are produced (for streaming)."""
+        """Generate one continuation. `on_tokens` receives new ids and logprobs as produced (streaming)."""
 
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Swap in new weights (the trainer calls this after each update)."""

@@ -2,8 +2,8 @@
 
 For each engine, the same prompts run twice side by side: (bare) `engine.generate` on the rendered prompt,
 (loop) `run_agent` with one turn and the same sampling and seeds, so both generate the same tokens; the
-overhead is the loop's extra wall time. Hermes format, where SmolLM2 writes no tool call, so no sandbox
-time enters the loop's figure.
+overhead is the loop's extra wall time. Every request generates exactly max_tokens (ignore_eos), so the
+figures measure decoding. Hermes format, where SmolLM2 writes no tool call, so no sandbox time enters.
 """
 
 from __future__ import annotations
@@ -61,13 +61,14 @@ async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSan
     n = max(conc, 4)
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
     prompts = [fmt.render_prompt(q) for q in questions]
-    sampling = [SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=i) for i in range(n)]
+    sampling = [SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=i, ignore_eos=True) for i in range(n)]
     sem = asyncio.Semaphore(conc)
     counted = [0]
 
     async def bare(i: int) -> None:
         async with sem:
-            counted[0] += len((await engine.generate(prompts[i], sampling[i])).token_ids)
+            gen = await engine.generate(prompts[i], sampling[i])
+        counted[0] += len(gen.token_ids)
 
     async def loop(i: int) -> None:
         async with sem:

@@ -145,8 +145,8 @@ class HFEngine(Engine):
                     r.out.append(tok)
                     r.logprobs.append(float(logps[i]))
                     if r.on_tokens is not None:
-                        loop.call_soon_threadsafe(r.on_tokens, [tok])
-                    if tok in self.eos_ids or tok in r.sampling.stop_token_ids:
+                        loop.call_soon_threadsafe(r.on_tokens, [tok], [float(logps[i])])
+                    if (tok in self.eos_ids and not r.sampling.ignore_eos) or tok in r.sampling.stop_token_ids:
                         r.finish, active[i] = "stop", False
                     elif self._hit_stop(r):
                         r.finish, active[i] = "stop", False

@@ -64,6 +64,8 @@ class OpenAIEngine(Engine):
             body["stop"] = sampling.stop
         if sampling.stop_token_ids:
             body["stop_token_ids"] = sampling.stop_token_ids
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True
         try:
             if on_tokens is None:
                 resp = await self.client.post(f"{self.base}/completions", json=body)
@@ -81,7 +83,7 @@ class OpenAIEngine(Engine):
                     chunks.append(choice)
                     new = _ids(choice)
                     if new:
-                        on_tokens(new)
+                        on_tokens(new, _logprobs(choice, len(new)))
             return _generation(chunks)
         except httpx.HTTPError as e:
             raise EngineError(f"the server at {self.base} failed: {type(e).__name__}: {e}") from e
@@ -106,6 +108,12 @@ def _ids(choice: dict[str, Any]) -> list[int]:
                           "return_tokens_as_token_ids (vLLM, SGLang and rstar2 serve have them)") from e
 
 
+def _logprobs(choice: dict[str, Any], n: int) -> list[float]:
+    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    out = [float(x) if x is not None else 0.0 for x in lps][:n]
+    return out + [0.0] * (n - len(out))
+
+
 def _generation(choices: list[dict[str, Any]]) -> Generation:
     ids: list[int] = []
     logprobs: list[float] = []
@@ -113,9 +121,7 @@ def _generation(choices: list[dict[str, Any]]) -> Generation:
     for c in choices:
         new = _ids(c)
         ids += new
-        lps = (c.get("logprobs") or {}).get("token_logprobs") or []
-        logprobs += [float(x) if x is not None else 0.0 for x in lps][: len(new)]
-        logprobs += [0.0] * (len(new) - len(lps))
+        logprobs += _logprobs(c, len(new))
         finish = c.get("finish_reason") or finish
         stop = c.get("stop_reason") or stop
     finish_reason = "length" if finish == "length" else "stop"

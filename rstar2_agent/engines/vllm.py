@@ -62,7 +62,7 @@ class VLLMEngine(Engine):
             temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
             max_tokens=min(sampling.max_tokens, self.context_length - len(prompt_ids)),
             stop=sampling.stop or None, stop_token_ids=sampling.stop_token_ids or None,
-            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0,
+            include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0, ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.DELTA)
         ids: list[int] = []
         logprobs: list[float] = []
@@ -72,10 +72,11 @@ class VLLMEngine(Engine):
                                                   request_id=uuid.uuid4().hex):
                 c = out.outputs[0]
                 new = list(c.token_ids)
+                new_lps = [step[t].logprob for t, step in zip(new, c.logprobs or [], strict=False)]
                 ids += new
-                logprobs += [step[t].logprob for t, step in zip(new, c.logprobs or [], strict=False)]
+                logprobs += new_lps
                 if on_tokens is not None and new:
-                    on_tokens(new)
+                    on_tokens(new, new_lps)
                 finish, stop_reason = c.finish_reason or finish, c.stop_reason or stop_reason
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"vLLM failed: {type(e).__name__}: {e}") from e

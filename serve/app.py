@@ -1,0 +1,418 @@
+"""`rstar2 serve`: an OpenAI-compatible API whose server runs the Python tool itself.
+
+- POST /v1/chat/completions without `tools`: the server runs the agent loop (generate, run the Python tool
+  in the sandbox, continue) and returns the assistant's text; the whole trajectory rides along in the
+  message's `rstar2` extension field. With `tools`: a standard server: one generation, tool calls parsed
+  by the shared parser and returned as `tool_calls` for the client to run; `tool` messages are accepted.
+- POST /v1/completions: text or token ids in, text, token ids and logprobs out (what the `openai` engine uses).
+- GET /v1/models, /health, /metrics (Prometheus).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
+from rstar2_agent.sandbox import Sandbox
+from rstar2_agent.trajectory import ToolCallRecord, Trajectory
+
+from .metrics import ServeMetrics
+from .protocol import ChatRequest, CompletionRequest, OpenAIError, new_id, now
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    model_name: str
+    tool_protocol: str = "hermes"  # for the server-side tool loop; client `tools` always use hermes
+    chat_template: str | None = None
+    max_turns: int = 30
+    max_tokens: int = 8192  # default response budget when a request sets none
+    tool_timeout: float = 10.0
+    max_concurrency: int = 64
+    api_key: str | None = None
+
+
+class Server:
+    def __init__(self, engine: Engine, sandbox: Sandbox, config: ServeConfig):
+        self.engine, self.sandbox, self.cfg = engine, sandbox, config
+        self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in ("hermes", "markdown")}
+        self.gate = asyncio.Semaphore(config.max_concurrency)
+        self.metrics = ServeMetrics()
+
+    # ------------------------------------------------------------------ helpers
+    def check_model(self, name: str | None) -> None:
+        if name and name != self.cfg.model_name:
+            raise OpenAIError(404, f"The model `{name}` does not exist; this server serves `{self.cfg.model_name}`.",
+                              "model", "model_not_found")
+
+    def check_fits(self, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) >= self.engine.context_length:
+            raise OpenAIError(400, f"The prompt has {len(prompt_ids)} tokens; this model's context is "
+                              f"{self.engine.context_length}. Shorten the messages.", "messages",
+                              "context_length_exceeded")
+
+    def sampling(self, req: Any, index: int, budget: int | None, **extra: Any) -> SamplingParams:
+        seed = None if req.seed is None else req.seed + index
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed,
+                              max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
+
+    # ------------------------------------------------------------------ chat: the server-side tool loop
+    def agent_config(self, req: ChatRequest, index: int) -> AgentConfig:
+        budget = req.budget() or self.cfg.max_tokens
+        return AgentConfig(max_turns=req.max_turns or self.cfg.max_turns, max_response_tokens=budget,
+                           tool_timeout=req.tool_timeout or self.cfg.tool_timeout,
+                           sampling=self.sampling(req, index, budget))
+
+    async def run_loop(self, req: ChatRequest, index: int, on_event=None) -> Trajectory:
+        fmt = self.formats[req.tool_protocol or self.cfg.tool_protocol]
+        async with self.gate:
+            traj = await run_agent(req.messages, self.engine, self.sandbox, fmt, self.agent_config(req, index),
+                                   on_event=on_event)
+        self.metrics.observe_trajectory(traj)
+        if traj.stop_reason == "engine_error":
+            raise OpenAIError(500, f"the engine failed: {traj.error}", kind="server_error")
+        return traj
+
+    def loop_message(self, traj: Trajectory, req: ChatRequest) -> dict[str, Any]:
+        fmt = self.formats[req.tool_protocol or self.cfg.tool_protocol]
+        msg: dict[str, Any] = {"role": "assistant", "content": traj.text.replace(fmt.eos_text, ""),
+                               "rstar2": trajectory_extension(traj)}
+        return msg
+
+    # ------------------------------------------------------------------ chat: client-side tools
+    async def run_client_tools(self, req: ChatRequest, index: int, on_tokens=None):
+        fmt = self.formats["hermes"]
+        prompt = fmt.render_prompt(req.messages, req.tools)
+        self.check_fits(prompt)
+        sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
+                                                 self.engine.context_length - len(prompt)))
+        async with self.gate:
+            gen = await self.engine.generate(prompt, sampling, on_tokens)
+        self.metrics.tokens.labels("prompt").inc(len(prompt))
+        self.metrics.tokens.labels("completion").inc(len(gen.token_ids))
+        text = fmt.decode(gen.token_ids).replace(fmt.eos_text, "")
+        msg, finish = client_tool_message(fmt, text, req.tools or [], req.tool_choice != "none")
+        if finish == "stop" and gen.finish_reason == "length":
+            finish = "length"
+        return msg, finish, len(prompt), len(gen.token_ids), gen
+
+
+def client_tool_message(fmt: ChatFormat, text: str, tools: list[dict[str, Any]], allow_calls: bool
+                        ) -> tuple[dict[str, Any], str]:
+    """The assistant message for a request with client tools: well-formed calls become `tool_calls` (the text
+    before the first call stays as content); a malformed call is left in the content, as text."""
+    calls = [c for c in fmt.parse(text, max_calls=64, tools=tools) if c.error is None]
+    if not calls or not allow_calls:
+        return {"role": "assistant", "content": text}, "stop"
+    content = text[: text.find("<tool_call>")].strip() or None
+    tool_calls = [{"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                  for c in calls]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+
+
+def trajectory_extension(traj: Trajectory) -> dict[str, Any]:
+    """The `rstar2` field of an assistant message: the answer, why it stopped, and each turn with its calls."""
+    return {
+        "answer": traj.answer,
+        "stop_reason": traj.stop_reason,
+        "turns": [{"text": t.text, "finish_reason": t.finish_reason,
+                   "tool_calls": [tool_call_dict(c) for c in t.tool_calls]} for t in traj.turns],
+        "num_tool_calls": len(traj.tool_calls),
+        "timings": traj.timings,
+    }
+
+
+def tool_call_dict(c: ToolCallRecord) -> dict[str, Any]:
+    return {"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error, "status": c.status,
+            "stdout": c.stdout, "stderr": c.stderr, "duration": c.duration}
+
+
+def finish_of(traj: Trajectory) -> str:
+    return "length" if traj.stop_reason in ("max_tokens", "max_turns") else "stop"
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def until_done_or_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """Await `work`, cancelling it (generation and sandbox calls) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def create_app(server: Server, *, manage: bool = True) -> FastAPI:
+    """The ASGI app. With `manage` it starts the sandbox at startup and closes it and the engine at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage:
+            await server.sandbox.start()
+        try:
+            yield
+        finally:
+            if manage:
+                await server.sandbox.close()
+                await server.engine.close()
+
+    app = FastAPI(title="rstar2 serve", lifespan=lifespan)
+    m = server.metrics
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
+        if first.get("type") == "json_invalid":
+            message = "The request body is not valid JSON."
+        return JSONResponse(OpenAIError(400, message, where).body(), status_code=400)
+
+    @app.middleware("http")
+    async def _auth_and_count(request: Request, call_next):
+        path = request.url.path
+        if server.cfg.api_key and path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {server.cfg.api_key}":
+                m.requests.labels(path, "401").inc()
+                err = OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                                  code="invalid_api_key", kind="authentication_error")
+                return JSONResponse(err.body(), status_code=401)
+        t0 = time.monotonic()
+        response = await call_next(request)
+        m.requests.labels(path, str(response.status_code)).inc()
+        m.latency.labels(path).observe(time.monotonic() - t0)
+        return response
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": server.cfg.model_name, "sandbox": await server.sandbox.stats()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": server.cfg.model_name, "object": "model", "created": now(),
+                                            "owned_by": "rstar2", "max_model_len": server.engine.context_length}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        server.check_model(req.model)
+        server.check_fits(server.formats["hermes"].render_prompt(req.messages, req.tools))
+        cid = new_id("chatcmpl")
+        if req.stream:
+            return StreamingResponse(stream_chat(server, req, cid), media_type="text/event-stream")
+        m.in_flight.inc()
+        try:
+            if req.tools:
+                results = await until_done_or_gone(request, asyncio.gather(
+                    *(server.run_client_tools(req, i) for i in range(req.n))))
+                choices = [{"index": i, "message": msg, "finish_reason": fin, "logprobs": None}
+                           for i, (msg, fin, _, _, _) in enumerate(results)]
+                usage = _usage(results[0][2], sum(r[3] for r in results))
+            else:
+                trajs = await until_done_or_gone(request, asyncio.gather(
+                    *(server.run_loop(req, i) for i in range(req.n))))
+                choices = [{"index": i, "message": server.loop_message(t, req), "finish_reason": finish_of(t),
+                            "logprobs": _chat_logprobs(server, t) if req.logprobs else None}
+                           for i, t in enumerate(trajs)]
+                usage = _usage(len(trajs[0].prompt_ids), sum(t.num_generated_tokens for t in trajs))
+        finally:
+            m.in_flight.dec()
+        return {"id": cid, "object": "chat.completion", "created": now(), "model": server.cfg.model_name,
+                "choices": choices, "usage": usage}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        server.check_model(req.model)
+        tok = server.engine.tokenizer
+        prompt = list(req.prompt) if isinstance(req.prompt, list) else tok.encode(req.prompt)
+        if any(not isinstance(t, int) or t < 0 or t >= len(tok) for t in prompt):
+            raise OpenAIError(400, f"prompt token ids must be integers in [0, {len(tok)})", "prompt")
+        server.check_fits(prompt)
+        cid = new_id("cmpl")
+        if req.stream:
+            return StreamingResponse(stream_completion(server, req, prompt, cid), media_type="text/event-stream")
+        m.in_flight.inc()
+        try:
+            gens = await until_done_or_gone(request, asyncio.gather(
+                *(_complete(server, req, prompt, i) for i in range(req.n))))
+        finally:
+            m.in_flight.dec()
+        choices = [_completion_choice(server, req, i, g.token_ids, g.logprobs, g.finish_reason, g.stop_text)
+                   for i, g in enumerate(gens)]
+        return {"id": cid, "object": "text_completion", "created": now(), "model": server.cfg.model_name,
+                "choices": choices, "usage": _usage(len(prompt), sum(len(g.token_ids) for g in gens))}
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- streaming
+async def stream_chat(server: Server, req: ChatRequest, cid: str) -> AsyncIterator[str]:
+    m = server.metrics
+    base = {"id": cid, "object": "chat.completion.chunk", "created": now(), "model": server.cfg.model_name}
+    queue: asyncio.Queue = asyncio.Queue()
+    t0 = time.monotonic()
+    first = [True]
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    async def one(index: int) -> None:
+        def on_event(kind: str, payload: Any) -> None:
+            if kind == "text":
+                queue.put_nowait(chunk(index, {"content": payload.replace(server.formats["hermes"].eos_text, "")}))
+            elif kind in ("tool_call", "tool_result"):
+                queue.put_nowait(chunk(index, {"rstar2": {kind: tool_call_dict(payload)}}))
+
+        try:
+            if req.tools:
+                msg, finish, _, _, _ = await server.run_client_tools(req, index)
+                queue.put_nowait(chunk(index, {k: v for k, v in msg.items() if k != "role"}))
+                queue.put_nowait(chunk(index, {}, finish))
+            else:
+                traj = await server.run_loop(req, index, on_event)
+                queue.put_nowait(chunk(index, {"rstar2": {k: v for k, v in trajectory_extension(traj).items()
+                                                          if k != "turns"}}, finish_of(traj)))
+        except OpenAIError as e:
+            queue.put_nowait({"error": e.body()["error"]})
+        except EngineError as e:
+            queue.put_nowait({"error": OpenAIError(500, str(e), kind="server_error").body()["error"]})
+
+    m.in_flight.inc()
+    tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
+    done = asyncio.gather(*tasks)
+    try:
+        for i in range(req.n):
+            yield sse(chunk(i, {"role": "assistant", "content": ""}))
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in finished:
+                item = getter.result()
+                if first[0] and "choices" in item and item["choices"][0]["delta"].get("content"):
+                    m.ttft.observe(time.monotonic() - t0)
+                    first[0] = False
+                yield sse(item)
+                continue
+            getter.cancel()
+            while not queue.empty():
+                yield sse(queue.get_nowait())
+            break
+        yield "data: [DONE]\n\n"
+    finally:  # a client that went away cancels its generation and its sandbox work
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await done
+        m.in_flight.dec()
+
+
+async def stream_completion(server: Server, req: CompletionRequest, prompt: list[int], cid: str) -> AsyncIterator[str]:
+    """Each chunk carries the new tokens' text, ids and logprobs; the last one the finish reason."""
+    base = {"id": cid, "object": "text_completion", "created": now(), "model": server.cfg.model_name}
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def one(index: int) -> None:
+        try:
+            gen = await _complete(server, req, prompt, index, lambda ids, lps: queue.put_nowait((index, ids, lps)))
+            queue.put_nowait((index, gen, None))
+        except EngineError as e:
+            queue.put_nowait((index, e, None))
+
+    server.metrics.in_flight.inc()
+    tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
+    pending = set(range(req.n))
+    try:
+        while pending:
+            index, item, lps = await queue.get()
+            if isinstance(item, EngineError):
+                yield sse({"error": OpenAIError(500, str(item), kind="server_error").body()["error"]})
+                pending.discard(index)
+            elif isinstance(item, list):
+                yield sse({**base, "choices": [_completion_choice(server, req, index, item, lps, None, None)]})
+            else:
+                choice = _completion_choice(server, req, index, [], [], item.finish_reason, item.stop_text)
+                yield sse({**base, "choices": [choice]})
+                pending.discard(index)
+        yield "data: [DONE]\n\n"
+    finally:  # a client that went away cancels its generation
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks)
+        server.metrics.in_flight.dec()
+
+
+# ---------------------------------------------------------------------------------------------- completions
+async def _complete(server: Server, req: CompletionRequest, prompt: list[int], index: int, on_tokens=None):
+    budget = min(req.max_tokens or 16, server.engine.context_length - len(prompt))
+    sampling = server.sampling(req, index, budget, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
+    async with server.gate:
+        gen = await server.engine.generate(prompt, sampling, on_tokens)
+    server.metrics.tokens.labels("prompt").inc(len(prompt))
+    server.metrics.tokens.labels("completion").inc(len(gen.token_ids))
+    return gen
+
+
+def _completion_choice(server: Server, req: CompletionRequest, index: int, ids: list[int], logprobs: list[float],
+                       finish: str | None, stop_text: str | None) -> dict[str, Any]:
+    tok = server.engine.tokenizer
+    text = tok.decode(ids, skip_special_tokens=req.skip_special_tokens)
+    if stop_text and not req.include_stop_str_in_output and stop_text in text:
+        text = text[: text.rfind(stop_text)]
+    choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": finish, "logprobs": None,
+                              "stop_reason": stop_text}
+    if req.return_token_ids:
+        choice["token_ids"] = list(ids)
+    if req.logprobs is not None:
+        tokens = [f"token_id:{i}" for i in ids] if req.return_tokens_as_token_ids else \
+            [tok.decode([i], skip_special_tokens=False) for i in ids]
+        choice["logprobs"] = {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
+                              "text_offset": []}
+    return choice
+
+
+def _chat_logprobs(server: Server, traj: Trajectory) -> dict[str, Any]:
+    tok = server.engine.tokenizer
+    return {"content": [{"token": tok.decode([i], skip_special_tokens=False), "logprob": lp, "bytes": None,
+                         "top_logprobs": []}
+                        for i, lp, keep in zip(traj.response_ids, traj.logprobs, traj.response_mask, strict=True)
+                        if keep]}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

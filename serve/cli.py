@@ -1,0 +1,61 @@
+"""`rstar2 serve`."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from rstar2_agent.engines import ENGINES
+
+
+@click.command("serve")
+@click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
+@click.option("--engine", type=click.Choice(["auto", *ENGINES]), default="auto", show_default=True,
+              help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
+@click.option("--url", default=None, help="Upstream OpenAI-compatible server for --engine openai.")
+@click.option("--served-model", default=None, help="The model's name on the upstream server.")
+@click.option("--served-model-name", default=None, help="The name clients use (default: the model's).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None, help="Require `Authorization: Bearer KEY`.")
+@click.option("--sandbox", "sandbox_urls", multiple=True, help="`rstar2 sandbox serve` URL(s); default: local pool.")
+@click.option("--sandbox-workers", type=click.IntRange(1), default=None, help="Local pool workers per template.")
+@click.option("--max-concurrency", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
+              help="Default response budget when a request sets none.")
+@click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
+              help="For the server-side tool loop; default: the model's.")
+@click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
+def serve_cmd(model, engine, url, served_model, served_model_name, host, port, api_key, sandbox_urls,
+              sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, tool_protocol, unsafe) -> None:
+    """Serve the agent as an OpenAI-compatible API that runs the Python tool itself."""
+    import uvicorn
+
+    from rstar2_agent.chat import ChatOptions, pick_engine
+    from rstar2_agent.engines import EngineError, make_engine
+    from rstar2_agent.models import ModelError, resolve_model
+    from rstar2_agent.sandbox import SandboxConfig, make_sandbox
+
+    from .app import ServeConfig, Server, create_app
+
+    try:
+        resolved = resolve_model(model)
+        kind = pick_engine(ChatOptions(engine=engine, url=url))
+        eng = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=url,
+                          served_model=served_model)
+    except (ModelError, EngineError) as e:
+        raise click.ClickException(str(e)) from e
+    config = SandboxConfig(isolation=not unsafe)
+    if sandbox_workers:
+        config.workers = sandbox_workers
+    sandbox = make_sandbox(list(sandbox_urls), config=config)
+    name = served_model_name or (model if model and not os.path.isdir(model) else resolved.spec.name)
+    cfg = ServeConfig(model_name=os.path.basename(name.rstrip("/")) if os.path.isdir(name) else name,
+                      tool_protocol=tool_protocol or resolved.spec.tool_protocol,
+                      chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
+                      tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key)
+    click.echo(f"rstar2 serve: {cfg.model_name} on {kind}, http://{host}:{port}/v1", err=True)
+    uvicorn.run(create_app(Server(eng, sandbox, cfg)), host=host, port=port, log_level="warning")
