@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import click
@@ -43,19 +44,26 @@ def serve_cmd(model, engine, url, served_model, served_model_name, host, port, a
 
     try:
         resolved = resolve_model(model)
-        kind = pick_engine(ChatOptions(engine=engine, url=url))
-        eng = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=url,
-                          served_model=served_model)
-    except (ModelError, EngineError) as e:
+    except ModelError as e:
         raise click.ClickException(str(e)) from e
+    kind = pick_engine(ChatOptions(engine=engine, url=url))
     config = SandboxConfig(isolation=not unsafe)
     if sandbox_workers:
         config.workers = sandbox_workers
-    sandbox = make_sandbox(list(sandbox_urls), config=config)
     name = served_model_name or (model if model and not os.path.isdir(model) else resolved.spec.name)
     cfg = ServeConfig(model_name=os.path.basename(name.rstrip("/")) if os.path.isdir(name) else name,
                       tool_protocol=tool_protocol or resolved.spec.tool_protocol,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key)
-    click.echo(f"rstar2 serve: {cfg.model_name} on {kind}, http://{host}:{port}/v1", err=True)
-    uvicorn.run(create_app(Server(eng, sandbox, cfg)), host=host, port=port, log_level="warning")
+
+    async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
+        try:
+            eng = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=url,
+                              served_model=served_model)
+        except EngineError as e:
+            raise click.ClickException(str(e)) from e
+        app = create_app(Server(eng, make_sandbox(list(sandbox_urls), config=config), cfg))
+        click.echo(f"rstar2 serve: {cfg.model_name} on {kind}, http://{host}:{port}/v1", err=True)
+        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+    asyncio.run(main())

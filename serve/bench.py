@@ -1,0 +1,159 @@
+"""`rstar2 serve-bench`: `rstar2 serve` (vllm engine) against vLLM's own OpenAI server, in one run.
+
+Tools off: the same token-id prompts through `/v1/completions` (streaming, every request generating exactly
+`max_tokens`), at concurrency 1 and 16; output tokens/s and time to first token. The servers run one after
+the other (two vLLM instances would share the same cores). Tools on: on `rstar2 serve`, the time a tool
+call adds beyond the program's own run time (the loop's tool wall time minus the sandbox's `duration`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rstar2_agent.engines.bench import QUESTIONS
+
+
+@dataclass
+class ServeRow:
+    server: str
+    concurrency: int
+    requests: int
+    tokens_per_s: float
+    ttft_median_ms: float
+    ttft_p90_ms: float
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300) -> Iterator[str]:
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{argv[:3]} exited: {proc.stderr.read().decode()[-1500:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[:3]} did not start in {timeout:.0f} s")
+            time.sleep(1)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def _stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int
+                      ) -> tuple[int, float]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.7, "stream": True,
+            "ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True, "logprobs": 0}
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or "[DONE]" in line:
+                continue
+            choice = json.loads(line[5:])["choices"][0]
+            n = len(choice.get("token_ids") or (choice.get("logprobs") or {}).get("tokens") or [])
+            if n and ttft is None:
+                ttft = time.perf_counter() - t0
+            tokens += n
+    return tokens, ttft or 0.0
+
+
+async def measure(url: str, name: str, model: str, prompts: list[list[int]], conc: int, max_tokens: int) -> ServeRow:
+    sem = asyncio.Semaphore(conc)
+    ttfts: list[float] = []
+    total = [0]
+
+    async def one(client: httpx.AsyncClient, p: list[int]) -> None:
+        async with sem:
+            n, ttft = await _stream_one(client, url, model, p, max_tokens)
+        total[0] += n
+        ttfts.append(ttft)
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await one(client, prompts[0])  # warm-up
+        total[0], ttfts[:] = 0, []
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, p) for p in prompts))
+        wall = time.perf_counter() - t0
+    ttfts.sort()
+    return ServeRow(name, conc, len(prompts), total[0] / wall, statistics.median(ttfts) * 1e3,
+                    ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3)
+
+
+async def tool_overhead(url: str, model: str, calls: int = 6) -> tuple[float, float, int]:
+    """Median per-call (tool wall time in the loop - program run time), ms, over greedy tool-using requests."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    extra: list[float] = []
+    own: list[float] = []
+    for _ in range(calls):
+        r = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What is 2**100? Use Python."}], temperature=0,
+            max_tokens=120, extra_body={"max_turns": 2, "tool_protocol": "markdown"})
+        ext = r.choices[0].message.model_extra["rstar2"]
+        durations = [c["duration"] for t in ext["turns"] for c in t["tool_calls"] if c["status"]]
+        if durations:
+            extra.append((ext["timings"]["tools"] - sum(durations)) / len(durations) * 1e3)
+            own.append(statistics.mean(durations) * 1e3)
+    if not extra:
+        return float("nan"), float("nan"), 0
+    return statistics.median(extra), statistics.median(own), len(extra)
+
+
+def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 16):
+    from transformers import AutoTokenizer
+
+    from rstar2_agent.chat_format import ChatFormat
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    fmt = ChatFormat(tok, "hermes")
+    prompts = [fmt.render_prompt(QUESTIONS[i % len(QUESTIONS)]) for i in range(requests)]
+    rows: list[ServeRow] = []
+    vllm_port, ours_port = _port(), _port()
+    vllm_argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+                 "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(vllm_port), "--dtype",
+                 "bfloat16", "--max-model-len", "8192", "--enforce-eager", "--max-num-seqs", "64",
+                 "--disable-log-stats"]
+    ours_argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--engine", "vllm", "--model", model_path,
+                 "--served-model-name", "m", "--port", str(ours_port), "--max-concurrency", "64"]
+    with running(vllm_argv, vllm_port, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}) as url:
+        for conc in concurrencies:
+            rows.append(asyncio.run(measure(url, "vLLM OpenAI server", "m", prompts[: max(conc, 4)], conc, max_tokens)))
+    with running(ours_argv, ours_port) as url:
+        for conc in concurrencies:
+            rows.append(asyncio.run(measure(url, "rstar2 serve (vllm)", "m", prompts[: max(conc, 4)], conc,
+                                            max_tokens)))
+        tools = asyncio.run(tool_overhead(url, "m"))
+    return rows, tools
