@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,31 @@ def children(pid: int) -> list[int]:
         out += kids
         frontier += kids
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_app(app):
+    """Serve an ASGI app with a real uvicorn on a free loopback port, in this event loop."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            raise RuntimeError(f"server did not start: {task.exception()}")
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 @pytest.fixture(scope="session")

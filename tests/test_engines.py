@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.openai import OpenAIEngine
+from rstar2_agent.serve.bench import running
+
+from conftest import free_port
 
 pytestmark = pytest.mark.slow
 CONTEXT = 2048
@@ -74,37 +72,12 @@ async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
 
 @pytest.fixture(scope="module")
 def vllm_server(smol):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smol.path, "--served-model-name",
-         "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
-         str(CONTEXT), "--enforce-eager", "--disable-log-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("vLLM server did not start in 240 s")
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smol.path, "--served-model-name",
+            "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
+            str(CONTEXT), "--enforce-eager", "--disable-log-stats"]
+    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):
@@ -128,9 +101,7 @@ async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):
 
 
 async def test_an_unreachable_engine_ends_in_the_trajectory(smol, sandbox):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     engine = OpenAIEngine(dead, tokenizer_path=smol.path)
     try:
         with pytest.raises(EngineError, match="is it running"):

@@ -6,10 +6,10 @@ import asyncio
 import os
 import uuid
 
-from conftest import HOST_SECRET, ROOT, children
-
 from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig, SandboxError, Status
 from rstar2_agent.sandbox.templates import FULL
+
+from conftest import HOST_SECRET, ROOT, children
 
 
 async def assert_pool_clean(sb):

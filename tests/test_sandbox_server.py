@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 
 import httpx
 import pytest
-import uvicorn
 
 from rstar2_agent.sandbox import ExecRequest, LocalSandbox, SandboxConfig, SandboxError, Status
 from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port, uvicorn_app
 
 
-@contextlib.asynccontextmanager
-async def serving(workers: int = 1):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(LocalSandbox(SandboxConfig(workers=workers))),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    for _ in range(600):
-        if server.started:
-            break
-        await asyncio.sleep(0.05)
-    assert server.started, "server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+def serving(workers: int = 1):
+    return uvicorn_app(create_app(LocalSandbox(SandboxConfig(workers=workers))))
 
 
 @pytest.fixture(scope="module")

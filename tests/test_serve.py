@@ -6,13 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 
 import httpx
 import openai
 import pytest
-import uvicorn
-from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message, create_app
 
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
@@ -20,34 +17,15 @@ from rstar2_agent.engines.openai import OpenAIEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app as sandbox_app
+from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message, create_app
+
+from conftest import uvicorn_app
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 2**100? Use Python."
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string"}}, "required": ["city"]}}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def uvicorn_app(app):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            raise RuntimeError(f"server did not start: {task.exception()}")
-        await asyncio.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 @pytest.fixture(scope="module")
