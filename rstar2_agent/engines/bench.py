@@ -75,11 +75,15 @@ async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSan
             cfg = AgentConfig(max_turns=1, max_response_tokens=max_tokens, sampling=sampling[i])
             await run_agent(questions[i], engine, sandbox, fmt, cfg)
 
-    await _timed([bare(i) for i in range(min(n, 2))])  # warm-up
+    await _timed([bare(i) for i in range(n)])  # warm-up: every prompt once, so vLLM's prefix cache is warm for both
     counted[0] = 0
     bare_s = loop_s = 0.0
-    for _ in range(rounds):  # interleaved, so drift hits both alike
-        bare_s += await _timed([bare(i) for i in range(n)])
-        loop_s += await _timed([loop(i) for i in range(n)])
+    for r in range(rounds):  # interleaved, order alternating, so drift and caches favour neither
+        if r % 2 == 0:
+            bare_s += await _timed([bare(i) for i in range(n)])
+            loop_s += await _timed([loop(i) for i in range(n)])
+        else:
+            loop_s += await _timed([loop(i) for i in range(n)])
+            bare_s += await _timed([bare(i) for i in range(n)])
     tokens = counted[0] // rounds
     return EngineRow(name, conc, n, tokens, tokens * rounds / bare_s, tokens * rounds / loop_s)
