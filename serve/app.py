@@ -53,6 +53,7 @@ class Server:
         self.engine, self.sandbox, self.cfg = engine, sandbox, config
         self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in ("hermes", "markdown")}
         self.gate = asyncio.Semaphore(config.max_concurrency)
+        self.vocab_size = len(engine.tokenizer)  # len() of a tokenizer is not free: once
         self.metrics = ServeMetrics()
 
     # ------------------------------------------------------------------ helpers
@@ -260,8 +261,8 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         server.check_model(req.model)
         tok = server.engine.tokenizer
         prompt = list(req.prompt) if isinstance(req.prompt, list) else tok.encode(req.prompt)
-        if any(not isinstance(t, int) or t < 0 or t >= len(tok) for t in prompt):
-            raise OpenAIError(400, f"prompt token ids must be integers in [0, {len(tok)})", "prompt")
+        if any(not isinstance(t, int) or t < 0 or t >= server.vocab_size for t in prompt):
+            raise OpenAIError(400, f"prompt token ids must be integers in [0, {server.vocab_size})", "prompt")
         server.check_fits(prompt)
         cid = new_id("cmpl")
         if req.stream:

@@ -123,7 +123,7 @@ async def tool_overhead(url: str, model: str, calls: int = 6) -> tuple[float, fl
             model=model, messages=[{"role": "user", "content": "What is 2**100? Use Python."}], temperature=0,
             max_tokens=120, extra_body={"max_turns": 2, "tool_protocol": "markdown"})
         ext = r.choices[0].message.model_extra["rstar2"]
-        durations = [c["duration"] for t in ext["turns"] for c in t["tool_calls"] if c["status"]]
+        durations = [c["duration"] for t in ext["turns"] for c in t["tool_calls"] if c["status"] == "ok"]
         if durations:
             extra.append((ext["timings"]["tools"] - sum(durations)) / len(durations) * 1e3)
             own.append(statistics.mean(durations) * 1e3)

@@ -63,6 +63,7 @@ class VLLMEngine(Engine):
             max_tokens=min(sampling.max_tokens, self.context_length - len(prompt_ids)),
             stop=sampling.stop or None, stop_token_ids=sampling.stop_token_ids or None,
             include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0, ignore_eos=sampling.ignore_eos,
+            detokenize=bool(sampling.stop),  # text is only needed to find stop strings; callers decode ids
             output_kind=RequestOutputKind.DELTA)
         ids: list[int] = []
         logprobs: list[float] = []
