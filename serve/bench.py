@@ -111,16 +111,18 @@ async def measure(url: str, name: str, model: str, prompts: list[list[int]], con
                     ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3)
 
 
-async def tool_overhead(url: str, model: str, calls: int = 6) -> tuple[float, float, int]:
-    """Median per-call (tool wall time in the loop - program run time), ms, over greedy tool-using requests."""
+async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, float, int]:
+    """Median per call of (the loop's tool wall time - the program's run time), ms, over the requests that ran
+    a program; and the programs' median run time."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     extra: list[float] = []
     own: list[float] = []
-    for _ in range(calls):
+    for i in range(calls):
         r = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "What is 2**100? Use Python."}], temperature=0,
+            model=model, temperature=0.7, seed=i,
+            messages=[{"role": "user", "content": "Compute 2**100 with Python: write the code in a ```python block."}],
             max_tokens=120, extra_body={"max_turns": 2, "tool_protocol": "markdown"})
         ext = r.choices[0].message.model_extra["rstar2"]
         durations = [c["duration"] for t in ext["turns"] for c in t["tool_calls"] if c["status"] == "ok"]
