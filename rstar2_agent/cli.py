@@ -102,11 +102,11 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
     rows = asyncio.run(go())
     table = Table(title=f"engines on {resolved.spec.name}: generated tokens/s")
     for col in ("engine", "concurrent loops", "requests", "tokens", "bare engine tok/s", "agent loop tok/s",
-                "loop overhead"):
+                "wall-clock overhead", "loop's own time"):
         table.add_column(col)
     for r in rows:
         table.add_row(r.engine, str(r.concurrency), str(r.requests), str(r.tokens), f"{r.bare_tok_s:.1f}",
-                      f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%")
+                      f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%", f"{r.loop_own * 100:.2f}%")
     console.print(table)
 
 

@@ -2,7 +2,9 @@
 
 For each engine, the same prompts run twice side by side: (bare) `engine.generate` on the rendered prompt,
 (loop) `run_agent` with one turn and the same sampling and seeds, so both generate the same tokens; the
-overhead is the loop's extra wall time. Every request generates exactly max_tokens (ignore_eos), so the
+overhead is the loop's extra wall time (noisy on a shared 2-vCPU machine), and, measured inside the same
+runs, the share of the loop's time spent outside `engine.generate` and the sandbox (its own bookkeeping:
+prompt rendering, decoding, parsing). Every request generates exactly max_tokens (ignore_eos), so the
 figures measure decoding. Hermes format, where SmolLM2 writes no tool call, so no sandbox time enters.
 """
 
@@ -37,6 +39,8 @@ class EngineRow:
     tokens: int
     bare_tok_s: float
     loop_tok_s: float
+    loop_own: float  # share of the loop's wall time spent outside engine.generate and the sandbox
+
 
     @property
     def overhead(self) -> float:
@@ -64,6 +68,7 @@ async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSan
     sampling = [SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=i, ignore_eos=True) for i in range(n)]
     sem = asyncio.Semaphore(conc)
     counted = [0]
+    timings: list[dict[str, float]] = []
 
     async def bare(i: int) -> None:
         async with sem:
@@ -73,7 +78,7 @@ async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSan
     async def loop(i: int) -> None:
         async with sem:
             cfg = AgentConfig(max_turns=1, max_response_tokens=max_tokens, sampling=sampling[i])
-            await run_agent(questions[i], engine, sandbox, fmt, cfg)
+            timings.append((await run_agent(questions[i], engine, sandbox, fmt, cfg)).timings)
 
     await _timed([bare(i) for i in range(n)])  # warm-up: every prompt once, so vLLM's prefix cache is warm for both
     counted[0] = 0
@@ -86,4 +91,5 @@ async def _setting(engine: Engine, name: str, fmt: ChatFormat, sandbox: LocalSan
             loop_s += await _timed([loop(i) for i in range(n)])
             bare_s += await _timed([bare(i) for i in range(n)])
     tokens = counted[0] // rounds
-    return EngineRow(name, conc, n, tokens, tokens * rounds / bare_s, tokens * rounds / loop_s)
+    own = sum(t["total"] - t["generate"] - t["tools"] for t in timings) / sum(t["total"] for t in timings)
+    return EngineRow(name, conc, n, tokens, tokens * rounds / bare_s, tokens * rounds / loop_s, own)
