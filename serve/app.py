@@ -302,7 +302,10 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str) -> AsyncIterat
         try:
             if req.tools:
                 msg, finish, _, _, _ = await server.run_client_tools(req, index)
-                queue.put_nowait(chunk(index, {k: v for k, v in msg.items() if k != "role"}))
+                delta = {k: v for k, v in msg.items() if k != "role"}
+                if "tool_calls" in delta:  # stream deltas number their calls
+                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
+                queue.put_nowait(chunk(index, delta))
                 queue.put_nowait(chunk(index, {}, finish))
             else:
                 traj = await server.run_loop(req, index, on_event)
