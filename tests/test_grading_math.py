@@ -1,0 +1,62 @@
+"""The math grader: math-verify on the extracted answer, in a process pool, with an outside timeout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rstar2_agent.grading import math as math_grading
+from rstar2_agent.grading.math import MathGrader, grade_answer
+
+
+@pytest.mark.parametrize("predicted, gold, correct", [
+    ("\\frac{1}{2}", "0.5", True),
+    ("1/2", "\\frac12", True),
+    ("2^{100}", "1267650600228229401496703205376", True),
+    ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", True),
+    ("(1, 2)", "(1,2)", True),
+    ("3", "4", False),
+    ("x+1", "1+x", True),
+    ("10\\%", "10", True),
+])
+def test_grade_answer(predicted, gold, correct):
+    assert grade_answer(predicted, gold) is correct
+
+
+@pytest.fixture
+def grader():
+    g = MathGrader(workers=1, timeout=20)
+    yield g
+    g.close()
+
+
+async def test_grades_the_answer_block_and_reports_missing_answers(grader):
+    right = await grader.grade("I computed it.\n<answer>The answer is \\boxed{\\frac{1}{2}}.</answer>", "0.5")
+    assert right.correct and right.predicted == "\\frac{1}{2}"
+    wrong = await grader.grade("\\boxed{1} ... <answer>\\boxed{3}</answer>", "1")
+    assert not wrong.correct and wrong.predicted == "3"
+    none = await grader.grade("no boxed answer here", "1")
+    assert not none.correct and none.error == "no_answer"
+    many = await asyncio.gather(*(grader.grade(f"<answer>\\boxed{{{i}}}</answer>", str(i % 3)) for i in range(9)))
+    assert [g.correct for g in many] == [i % 3 == i for i in range(9)]
+
+
+def _hang(text: str, gold: str):
+    import time
+
+    time.sleep(60)
+
+
+async def test_a_stuck_comparison_times_out_and_the_grader_recovers(monkeypatch):
+    grader = MathGrader(workers=1, timeout=1.0)
+    try:
+        monkeypatch.setattr(math_grading, "_grade", _hang)  # a comparison that never ends
+        stuck = await grader.grade("<answer>\\boxed{1}</answer>", "1")
+        assert not stuck.correct and stuck.error == "timeout"
+        monkeypatch.undo()
+        grader.timeout = 20
+        again = await grader.grade("<answer>\\boxed{2}</answer>", "2")
+        assert again.correct
+    finally:
+        grader.close()
