@@ -43,11 +43,13 @@ OnEvent = Callable[[str, Any], None]
 
 async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox: Sandbox, fmt: ChatFormat,
                     config: AgentConfig | None = None, *, tools: list[dict[str, Any]] | None = None,
-                    session: str | None = None, on_event: OnEvent | None = None) -> Trajectory:
-    """Run the agent on a problem (wrapped in the rStar2 user prompt) or on OpenAI-style messages."""
+                    session: str | None = None, on_event: OnEvent | None = None,
+                    prompt_ids: list[int] | None = None) -> Trajectory:
+    """Run the agent on a problem (wrapped in the rStar2 user prompt) or on OpenAI-style messages.
+    `prompt_ids`: the prompt already rendered by `fmt` (a server that checked its length passes it)."""
     cfg = config or AgentConfig()
     t_start = time.monotonic()
-    traj = Trajectory(prompt_ids=fmt.render_prompt(prompt, tools))
+    traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else fmt.render_prompt(prompt, tools))
     emit = on_event or (lambda kind, payload: None)
     stops = list(dict.fromkeys([*cfg.sampling.stop, *fmt.protocol.stop]))
     for turn_index in range(cfg.max_turns):
@@ -77,9 +79,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
                 resumes += 1
         except (EngineError, OSError, RuntimeError, ValueError) as e:
             traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
-            traj.response_ids += turn_ids
-            traj.response_mask += [1] * len(turn_ids)
-            traj.logprobs += turn_logprobs
+            traj.add_generated(turn_ids, turn_logprobs)
             if turn_ids:
                 traj.turns.append(Turn(text=fmt.decode(turn_ids), num_tokens=len(turn_ids), finish_reason="error"))
             break
@@ -89,19 +89,13 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
                 decoder.flush()
         turn = Turn(text=text, num_tokens=len(turn_ids), finish_reason=gen.finish_reason)
         traj.turns.append(turn)
-        traj.response_ids += turn_ids
-        traj.response_mask += [1] * len(turn_ids)
-        traj.logprobs += turn_logprobs
-        if gen.finish_reason == "length" and len(traj.response_ids) >= cfg.max_response_tokens:
+        traj.add_generated(turn_ids, turn_logprobs)
+        cut_off = gen.finish_reason == "length"
+        if cut_off and (calls or len(traj.response_ids) >= cfg.max_response_tokens):  # the budget is spent
             traj.stop_reason = "max_tokens"
-            emit("turn_end", turn)
-            break
-        if not calls:
+        elif not calls:
             traj.stop_reason = "answer" if answer_blocks(text) else "no_tool_call"
-            emit("turn_end", turn)
-            break
-        if gen.finish_reason == "length":  # cut off inside a call: the budget is spent
-            traj.stop_reason = "max_tokens"
+        if traj.stop_reason:
             emit("turn_end", turn)
             break
         t0 = time.monotonic()
@@ -114,9 +108,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             traj.stop_reason = "max_tokens"
             break
         turn.inserted_tokens = len(inserted)
-        traj.response_ids += inserted
-        traj.response_mask += [0] * len(inserted)
-        traj.logprobs += [0.0] * len(inserted)
+        traj.add_inserted(inserted)
     else:
         traj.stop_reason = "max_turns"
     traj.answer = extract_answer(traj.text)

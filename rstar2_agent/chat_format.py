@@ -60,9 +60,6 @@ class ToolCall:
     error: str | None = None  # set when the call cannot run; the loop answers with this message
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:16])
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments, "raw": self.raw, "error": self.error}
-
 
 def default_tools() -> list[dict[str, Any]]:
     return [STATELESS_SCHEMA]

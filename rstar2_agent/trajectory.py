@@ -48,6 +48,17 @@ class Trajectory:
     error: str | None = None  # the engine error when stop_reason == "engine_error"
     timings: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "total": 0.0})
 
+    def add_generated(self, ids: list[int], logprobs: list[float]) -> None:
+        self.response_ids += ids
+        self.response_mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def add_inserted(self, ids: list[int]) -> None:
+        """Tool-response tokens: mask 0, logprob 0.0."""
+        self.response_ids += ids
+        self.response_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
     @property
     def tool_calls(self) -> list[ToolCallRecord]:
         return [c for t in self.turns for c in t.tool_calls]

@@ -73,6 +73,10 @@ class Server:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed,
                               max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
 
+    def format_for(self, req: ChatRequest) -> ChatFormat:
+        """Client tools always use hermes; the server-side loop uses the request's or the server's protocol."""
+        return self.formats["hermes" if req.tools else (req.tool_protocol or self.cfg.tool_protocol)]
+
     # ------------------------------------------------------------------ chat: the server-side tool loop
     def agent_config(self, req: ChatRequest, index: int) -> AgentConfig:
         budget = req.budget() or self.cfg.max_tokens
@@ -80,31 +84,26 @@ class Server:
                            tool_timeout=req.tool_timeout or self.cfg.tool_timeout,
                            sampling=self.sampling(req, index, budget))
 
-    async def run_loop(self, req: ChatRequest, index: int, on_event=None) -> Trajectory:
-        fmt = self.formats[req.tool_protocol or self.cfg.tool_protocol]
+    async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None) -> Trajectory:
         async with self.gate:
-            traj = await run_agent(req.messages, self.engine, self.sandbox, fmt, self.agent_config(req, index),
-                                   on_event=on_event)
+            traj = await run_agent(req.messages, self.engine, self.sandbox, self.format_for(req),
+                                   self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
         self.metrics.observe_trajectory(traj)
         if traj.stop_reason == "engine_error":
             raise OpenAIError(500, f"the engine failed: {traj.error}", kind="server_error")
         return traj
 
     def loop_message(self, traj: Trajectory, req: ChatRequest) -> dict[str, Any]:
-        fmt = self.formats[req.tool_protocol or self.cfg.tool_protocol]
-        msg: dict[str, Any] = {"role": "assistant", "content": traj.text.replace(fmt.eos_text, ""),
-                               "rstar2": trajectory_extension(traj)}
-        return msg
+        return {"role": "assistant", "content": traj.text.replace(self.format_for(req).eos_text, ""),
+                "rstar2": trajectory_extension(traj)}
 
     # ------------------------------------------------------------------ chat: client-side tools
-    async def run_client_tools(self, req: ChatRequest, index: int, on_tokens=None):
+    async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int]):
         fmt = self.formats["hermes"]
-        prompt = fmt.render_prompt(req.messages, req.tools)
-        self.check_fits(prompt)
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)))
         async with self.gate:
-            gen = await self.engine.generate(prompt, sampling, on_tokens)
+            gen = await self.engine.generate(prompt, sampling)
         self.metrics.tokens.labels("prompt").inc(len(prompt))
         self.metrics.tokens.labels("completion").inc(len(gen.token_ids))
         text = fmt.decode(gen.token_ids).replace(fmt.eos_text, "")
@@ -232,27 +231,25 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
-        server.check_fits(server.formats["hermes"].render_prompt(req.messages, req.tools))
+        prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
+        server.check_fits(prompt)
         cid = new_id("chatcmpl")
         if req.stream:
-            return StreamingResponse(stream_chat(server, req, cid), media_type="text/event-stream")
-        m.in_flight.inc()
-        try:
+            return StreamingResponse(stream_chat(server, req, cid, prompt), media_type="text/event-stream")
+        with m.in_flight.track_inprogress():
             if req.tools:
                 results = await until_done_or_gone(request, asyncio.gather(
-                    *(server.run_client_tools(req, i) for i in range(req.n))))
+                    *(server.run_client_tools(req, i, prompt) for i in range(req.n))))
                 choices = [{"index": i, "message": msg, "finish_reason": fin, "logprobs": None}
                            for i, (msg, fin, _, _, _) in enumerate(results)]
                 usage = _usage(results[0][2], sum(r[3] for r in results))
             else:
                 trajs = await until_done_or_gone(request, asyncio.gather(
-                    *(server.run_loop(req, i) for i in range(req.n))))
+                    *(server.run_loop(req, i, prompt) for i in range(req.n))))
                 choices = [{"index": i, "message": server.loop_message(t, req), "finish_reason": finish_of(t),
                             "logprobs": _chat_logprobs(server, t) if req.logprobs else None}
                            for i, t in enumerate(trajs)]
-                usage = _usage(len(trajs[0].prompt_ids), sum(t.num_generated_tokens for t in trajs))
-        finally:
-            m.in_flight.dec()
+                usage = _usage(len(prompt), sum(t.num_generated_tokens for t in trajs))
         return {"id": cid, "object": "chat.completion", "created": now(), "model": server.cfg.model_name,
                 "choices": choices, "usage": usage}
 
@@ -267,12 +264,9 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         cid = new_id("cmpl")
         if req.stream:
             return StreamingResponse(stream_completion(server, req, prompt, cid), media_type="text/event-stream")
-        m.in_flight.inc()
-        try:
+        with m.in_flight.track_inprogress():
             gens = await until_done_or_gone(request, asyncio.gather(
                 *(_complete(server, req, prompt, i) for i in range(req.n))))
-        finally:
-            m.in_flight.dec()
         choices = [_completion_choice(server, req, i, g.token_ids, g.logprobs, g.finish_reason, g.stop_text)
                    for i, g in enumerate(gens)]
         return {"id": cid, "object": "text_completion", "created": now(), "model": server.cfg.model_name,
@@ -282,7 +276,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
 
 
 # ---------------------------------------------------------------------------------------------- streaming
-async def stream_chat(server: Server, req: ChatRequest, cid: str) -> AsyncIterator[str]:
+async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[int]) -> AsyncIterator[str]:
     m = server.metrics
     base = {"id": cid, "object": "chat.completion.chunk", "created": now(), "model": server.cfg.model_name}
     queue: asyncio.Queue = asyncio.Queue()
@@ -295,20 +289,20 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str) -> AsyncIterat
     async def one(index: int) -> None:
         def on_event(kind: str, payload: Any) -> None:
             if kind == "text":
-                queue.put_nowait(chunk(index, {"content": payload.replace(server.formats["hermes"].eos_text, "")}))
+                queue.put_nowait(chunk(index, {"content": payload.replace(server.format_for(req).eos_text, "")}))
             elif kind in ("tool_call", "tool_result"):
                 queue.put_nowait(chunk(index, {"rstar2": {kind: tool_call_dict(payload)}}))
 
         try:
             if req.tools:
-                msg, finish, _, _, _ = await server.run_client_tools(req, index)
+                msg, finish, _, _, _ = await server.run_client_tools(req, index, prompt)
                 delta = {k: v for k, v in msg.items() if k != "role"}
                 if "tool_calls" in delta:  # stream deltas number their calls
                     delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
                 queue.put_nowait(chunk(index, delta))
                 queue.put_nowait(chunk(index, {}, finish))
             else:
-                traj = await server.run_loop(req, index, on_event)
+                traj = await server.run_loop(req, index, prompt, on_event)
                 queue.put_nowait(chunk(index, {"rstar2": {k: v for k, v in trajectory_extension(traj).items()
                                                           if k != "turns"}}, finish_of(traj)))
         except OpenAIError as e:

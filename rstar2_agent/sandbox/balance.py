@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def striped(items: list[T], n: int, send: Callable[[int, list[T]], Awaitable[list[R]]]) -> list[R]:
+    """A batch over n backends: item i goes to backend i % n (so every backend gets a share), `send(k, chunk)`
+    answers chunk k in order, and the answers come back in the items' order."""
+    chunks = [items[k::n] for k in range(n)]
+    answers = await asyncio.gather(*(send(k, c) for k, c in enumerate(chunks) if c))
+    by_backend = dict(zip([k for k, c in enumerate(chunks) if c], answers, strict=True))
+    return [by_backend[i % n][i // n] for i in range(len(items))]
 
 
 class LeastLoaded(Generic[T]):

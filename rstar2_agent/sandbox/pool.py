@@ -13,7 +13,7 @@ from typing import Any
 
 from .isolation import check_isolation
 from .templates import DEFAULT_TEMPLATES, TemplateRouter
-from .types import ExecResult, Limits, Sandbox, SandboxError, SessionInfo, Status, unknown_session
+from .types import ExecResult, Limits, Sandbox, SandboxError, Status, unknown_session
 from .worker import NotDelivered, Worker, WorkerDied, died_result
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,13 @@ class SandboxConfig:
     bwrap: str | None = None  # path to bwrap; default: found on PATH
 
 
+@dataclass
+class _Session:
+    worker: Worker
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
 class LocalSandbox(Sandbox):
     def __init__(self, config: SandboxConfig | None = None, **overrides: Any):
         self.config = config or SandboxConfig(**overrides)
@@ -43,7 +50,7 @@ class LocalSandbox(Sandbox):
         self._waiting = 0
         self._running = 0
         self._restarts: set[asyncio.Task] = set()
-        self._sessions: dict[str, tuple[Worker, asyncio.Lock, SessionInfo]] = {}
+        self._sessions: dict[str, _Session] = {}
         self._reaper: asyncio.Task | None = None
         self._closed = False
         self.counts: Counter[str] = Counter()
@@ -77,7 +84,7 @@ class LocalSandbox(Sandbox):
             self._reaper.cancel()
         for t in list(self._restarts):
             t.cancel()
-        sessions = [w for w, _, _ in self._sessions.values()]
+        sessions = [s.worker for s in self._sessions.values()]
         self._sessions.clear()
         await asyncio.gather(*(w.close() for w in self._workers + sessions), return_exceptions=True)
         self._workers.clear()
@@ -163,42 +170,39 @@ class LocalSandbox(Sandbox):
         worker = self._new_worker("session")
         await worker.start()
         sid = uuid.uuid4().hex
-        now = time.monotonic()
-        self._sessions[sid] = (worker, asyncio.Lock(), SessionInfo(sid, now, now))
+        self._sessions[sid] = _Session(worker)
         return sid
 
     async def run_in_session(self, session_id: str, code: str, stdin: str = "",
                              timeout: float | None = None) -> ExecResult:
-        entry = self._sessions.get(session_id)
-        if entry is None:
+        session = self._sessions.get(session_id)
+        if session is None:
             return unknown_session(session_id)
-        worker, lock, info = entry
-        async with lock:
-            info.last_used = time.monotonic()
-            info.calls += 1
+        async with session.lock:
+            session.last_used = time.monotonic()
+            worker = session.worker
             try:
                 return self._count(await worker.call(code, stdin, timeout))
             except WorkerDied as e:
-                fresh = self._new_worker("session")
-                await fresh.start()
-                self._sessions[session_id] = (fresh, lock, info)
+                session.worker = self._new_worker("session")
+                await session.worker.start()
                 await worker.close()
                 return self._count(died_result(
                     worker, f"the session process died or hung ({e}); a fresh session replaced it and the "
                     "earlier variables are lost"))
 
     async def close_session(self, session_id: str) -> None:
-        entry = self._sessions.pop(session_id, None)
-        if entry is not None:
-            await entry[0].close()
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            await session.worker.close()
 
     async def _reap_idle_sessions(self) -> None:
         while True:
             await asyncio.sleep(min(30.0, self.config.session_idle_timeout / 2))
             now = time.monotonic()
-            for sid, (_, lock, info) in list(self._sessions.items()):
-                if not lock.locked() and now - info.last_used > self.config.session_idle_timeout:
-                    log.info("closing sandbox session %s after %.0f s idle", sid, now - info.last_used)
+            for sid, s in list(self._sessions.items()):
+                if not s.lock.locked() and now - s.last_used > self.config.session_idle_timeout:
+                    log.info("closing sandbox session %s after %.0f s idle", sid, now - s.last_used)
                     await self.close_session(sid)
 
     # ------------------------------------------------------------ introspection

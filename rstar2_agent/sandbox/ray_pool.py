@@ -12,7 +12,7 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from .balance import LeastLoaded
+from .balance import LeastLoaded, striped
 from .pool import LocalSandbox, SandboxConfig
 from .types import ExecRequest, ExecResult, Limits, Sandbox, SandboxError, Status, unknown_session
 
@@ -38,9 +38,17 @@ class SandboxActor:
     async def run(self, code: str, stdin: str, timeout: float | None) -> dict[str, Any]:
         return (await self.sandbox.run(code, stdin, timeout)).to_dict()
 
-    async def run_batch(self, requests: list[tuple[str, str, float | None]]) -> list[dict[str, Any]]:
-        results = await self.sandbox.run_batch([ExecRequest(*r) for r in requests])
-        return [r.to_dict() for r in results]
+    async def run_batch(self, requests: list[ExecRequest]) -> list[ExecResult]:
+        assert self.balancer is not None
+
+        async def send(k: int, chunk: list[ExecRequest]) -> list[ExecResult]:
+            try:
+                ds, _ = await self._call("run_batch", [(r.code, r.stdin, r.timeout) for r in chunk], index=k)
+            except Exception as e:  # noqa: BLE001
+                return [ExecResult.failure(Status.KILLED, f"sandbox actor failed: {e}")] * len(chunk)
+            return [ExecResult.from_dict({**d, "backend": f"ray-actor-{k}"}) for d in ds]
+
+        return await striped(requests, len(self.balancer.backends), send)
 
     async def open_session(self) -> str:
         return await self.sandbox.open_session()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import httpx
 
-from .balance import LeastLoaded
+from .balance import LeastLoaded, striped
 from .types import ExecRequest, ExecResult, Sandbox, SandboxError, Status, unknown_session
 from .worker import GRACE_SECONDS
 
@@ -79,27 +78,15 @@ class RemoteSandbox(Sandbox):
         return self._result(resp, url, error)
 
     async def run_batch(self, requests: list[ExecRequest]) -> list[ExecResult]:
-        # Split into per-server chunks so a large batch uses every server.
-        n = len(self.balancer.backends)
-        chunks = [requests[i::n] for i in range(n)]
-        out: list[ExecResult | None] = [None] * len(requests)
-
-        async def send(k: int, chunk: list[ExecRequest]) -> None:
-            if not chunk:
-                return
+        async def send(k: int, chunk: list[ExecRequest]) -> list[ExecResult]:
             longest = max((r.timeout or DEFAULT_TIMEOUT) for r in chunk)
             payload = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout": r.timeout} for r in chunk]}
-            resp, url, error = await self._post("/run_batch", payload,
-                                                longest + GRACE_SECONDS + self.queue_timeout)
+            resp, url, error = await self._post("/run_batch", payload, longest + GRACE_SECONDS + self.queue_timeout)
             if resp is not None and resp.status_code == 200:
-                results = [ExecResult.from_dict({**d, "backend": url}) for d in resp.json()["results"]]
-            else:
-                results = [self._result(resp, url, error)] * len(chunk)
-            for j, r in enumerate(results):
-                out[k + j * n] = r
+                return [ExecResult.from_dict({**d, "backend": url}) for d in resp.json()["results"]]
+            return [self._result(resp, url, error)] * len(chunk)
 
-        await asyncio.gather(*(send(k, c) for k, c in enumerate(chunks)))
-        return [r for r in out if r is not None]
+        return await striped(requests, len(self.balancer.backends), send)
 
     @staticmethod
     def _result(resp: httpx.Response | None, url: str, error: str) -> ExecResult:

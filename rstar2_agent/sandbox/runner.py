@@ -189,7 +189,7 @@ def execute(code: str, namespace: dict, out: _Stream, err: _Stream) -> dict:
         status = "ok" if exit_code == 0 else "error"
     except MemoryError as e:
         status, exit_code = "memory", 1
-        _safe_print(err, _short_traceback(e) or "MemoryError\n")
+        _safe_print(err, _short_traceback(e))
     except KeyboardInterrupt as e:  # session mode turns a wall timeout into this
         status, exit_code = ("timeout" if getattr(e, "rstar2_timeout", False) else "error"), 1
         _safe_print(err, _short_traceback(e))
@@ -300,8 +300,7 @@ class ForkRunner:
         pid = os.fork()
         if pid == 0:  # the child: never returns
             self._child(req, in_fd, out_fd, err_fd, st_fd, workdir, cap)
-        timeout = float(req.get("timeout") or lim.get("wall_seconds") or 10.0)
-        outcome, rusage, raw_status = self._wait(pid, timeout)
+        outcome, rusage, raw_status = self._wait(pid, float(lim["wall_seconds"]))
         duration = time.monotonic() - t0
         self._cleanup(pid)
         stdout, out_over = _read_capped(out_fd, cap)
@@ -392,15 +391,12 @@ class ForkRunner:
 
     def _cleanup(self, pid: int) -> None:
         """Kill whatever the call left running (daemons, fork bombs), reap it, wipe the scratch dir."""
-        if self.is_init:
-            self._kill_all(pid)
-            while True:
-                try:
-                    os.waitpid(-1, 0)
-                except ChildProcessError:
-                    break
-        else:
-            self._kill_all(pid)
+        self._kill_all(pid)
+        while self.is_init:  # we are init: every orphan of the call is our child, reap them all
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
         _wipe(self.scratch)
 
     @staticmethod
@@ -465,9 +461,8 @@ class SessionRunner:
         out, err = _Stream(_CappedRaw(1, cap)), _Stream(_CappedRaw(2, cap))
         sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stdout, sys.stderr = out, err
-        timeout = float(req.get("timeout") or lim.get("wall_seconds") or 10.0)
         t0 = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        signal.setitimer(signal.ITIMER_REAL, float(lim["wall_seconds"]))
         try:
             result = execute(req["code"], self.namespace, out, err)
             _finish(out, err)

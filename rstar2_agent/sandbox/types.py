@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -88,15 +88,6 @@ class ExecResult:
 
 def unknown_session(session_id: str) -> ExecResult:
     return ExecResult.failure(Status.INTERNAL_ERROR, f"unknown or expired session {session_id!r}; open a new one")
-
-
-@dataclass
-class SessionInfo:
-    session_id: str
-    created: float
-    last_used: float
-    calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Sandbox(abc.ABC):

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import struct
-import time
 from typing import Any
 
 from .isolation import ProcessCap, build_launch, needs_process_cap
@@ -41,8 +40,8 @@ class Worker:
         self.proc: asyncio.subprocess.Process | None = None
         self.cap: ProcessCap | None = None
         self.host_scratch: str | None = None
-        self.calls = 0
-        self.started_at = 0.0
+        self._stderr_task: asyncio.Task | None = None
+        self._stderr_tail = b""
         self.broken = False  # set once the channel failed, before the process is reaped
 
     @property
@@ -71,22 +70,19 @@ class Worker:
         self._stderr_task = asyncio.create_task(self._drain_stderr())
         try:
             hello = await asyncio.wait_for(self._read(), self.startup_timeout)
-        except (TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
+        except (TimeoutError, WorkerDied) as e:
             await self.kill()
             raise WorkerDied(f"sandbox worker failed to start: {e!r}; its stderr: {self._last_stderr()}") from e
         if hello.get("op") != "ready":
             await self.kill()
             raise WorkerDied(f"sandbox worker sent {hello!r} instead of ready")
-        self.started_at = time.monotonic()
 
     async def call(self, code: str, stdin: str, timeout: float | None) -> ExecResult:
         """Run one program. Raises WorkerDied when the runner is gone (the caller restarts it)."""
         if not self.alive:
             raise NotDelivered("worker is not running")
         limits = self.limits.for_call(timeout)
-        self.calls += 1
-        await self._write({"op": "run", "code": code, "stdin": stdin, "timeout": limits["wall_seconds"],
-                           "limits": limits})
+        await self._write({"op": "run", "code": code, "stdin": stdin, "limits": limits})
         reply = asyncio.ensure_future(self._read())
         try:
             resp = await asyncio.wait_for(asyncio.shield(reply), limits["wall_seconds"] + GRACE_SECONDS)
@@ -132,7 +128,6 @@ class Worker:
         return json.loads(body)
 
     async def _drain_stderr(self) -> None:
-        self._stderr_tail = b""
         assert self.proc and self.proc.stderr
         while True:
             chunk = await self.proc.stderr.read(4096)
@@ -141,7 +136,7 @@ class Worker:
             self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
 
     def _last_stderr(self) -> str:
-        return getattr(self, "_stderr_tail", b"").decode("utf-8", "replace").strip()
+        return self._stderr_tail.decode("utf-8", "replace").strip()
 
     async def kill(self) -> None:
         self.broken = True
@@ -161,15 +156,14 @@ class Worker:
             try:
                 self.proc.stdin.close()  # the runner exits on EOF
                 await asyncio.wait_for(self.proc.wait(), 5)
-            except (TimeoutError, Exception):  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a stuck or broken runner is killed
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 await self.proc.wait()
-        task = getattr(self, "_stderr_task", None)
-        if task is not None:
-            task.cancel()
+        if self._stderr_task is not None:
+            self._stderr_task.cancel()
         if self.cap is not None:
             self.cap.remove()
         if self.host_scratch:
