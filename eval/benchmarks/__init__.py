@@ -1,0 +1,21 @@
+"""The benchmarks `rstar2 eval` knows, by name."""
+
+from __future__ import annotations
+
+from .aime24 import AIME24
+from .aime25 import AIME25
+from .base import Benchmark, Context, DataError, Outcome, Problem
+from .gpqa_diamond import GPQADiamond
+from .hmmt25 import HMMT25
+from .math500 import MATH500
+
+__all__ = ["BENCHMARKS", "Benchmark", "Context", "DataError", "Outcome", "Problem", "get_benchmark"]
+
+BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond)}
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} "
+                        "(several at once as a comma list)")
+    return BENCHMARKS[name]()

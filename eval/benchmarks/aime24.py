@@ -1,0 +1,12 @@
+"""AIME 2024: 30 problems, integer answers 0-999 (some written with leading zeros, e.g. "073")."""
+
+from .base import MathBenchmark, Problem
+
+
+class AIME24(MathBenchmark):
+    name = "aime24"
+    hub_id, split, file = "HuggingFaceH4/aime_2024", "train", "aime24.jsonl"
+    columns = ("id", "problem", "answer")
+
+    def problem(self, row, index):
+        return Problem(str(row["id"]), row["problem"], str(row["answer"]), {"url": row.get("url")})

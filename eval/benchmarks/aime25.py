@@ -1,0 +1,12 @@
+"""AIME 2025 (I and II): 30 problems, integer answers 0-999."""
+
+from .base import MathBenchmark, Problem
+
+
+class AIME25(MathBenchmark):
+    name = "aime25"
+    hub_id, split, file = "math-ai/aime25", "test", "aime25.jsonl"
+    columns = ("id", "problem", "answer")
+
+    def problem(self, row, index):
+        return Problem(str(row["id"]), row["problem"], str(row["answer"]))

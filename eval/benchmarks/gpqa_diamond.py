@@ -1,0 +1,43 @@
+"""GPQA-Diamond: 198 graduate-level multiple-choice questions (biology, chemistry, physics).
+
+The four options are shuffled by a per-sample seed, so n samples see n orders and a model's letter bias
+averages out; the model answers with the letter. The data is gated: never print or publish it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rstar2_agent.grading.choice import LETTERS, grade_choice
+
+from .base import Benchmark, Context, Outcome, Problem, sample_seed
+
+TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter of the correct option, for example \\boxed{{A}}."
+
+
+class GPQADiamond(Benchmark):
+    name = "gpqa_diamond"
+    hub_id, hub_config, split, file = "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa_diamond.jsonl"
+    columns = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
+               "Incorrect Answer 3")
+
+    def problem(self, row, index):
+        wrong = [str(row[f"Incorrect Answer {i}"]).strip() for i in (1, 2, 3)]
+        return Problem(str(row["Record ID"]), str(row["Question"]).strip(), str(row["Correct Answer"]).strip(),
+                       {"incorrect": wrong, "domain": row.get("High-level domain")})
+
+    def options(self, problem: Problem, sample_index: int, seed: int) -> list[str]:
+        opts = [problem.gold, *problem.meta["incorrect"]]
+        random.Random(sample_seed(seed, problem.id, sample_index)).shuffle(opts)
+        return opts
+
+    def prompt(self, problem, sample_index, seed):
+        opts = self.options(problem, sample_index, seed)
+        listed = "\n".join(f"{letter}) {text}" for letter, text in zip(LETTERS, opts, strict=True))
+        return TEMPLATE.format(question=problem.question, options=listed), LETTERS[opts.index(problem.gold)]
+
+    async def grade(self, traj, gold, ctx: Context) -> Outcome:
+        predicted = grade_choice(traj.text)
+        reason = "engine_error" if traj.stop_reason == "engine_error" else (
+            "no_answer" if predicted is None else None)
+        return Outcome(traj, predicted == gold, predicted, gold, None if predicted == gold else reason)

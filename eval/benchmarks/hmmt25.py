@@ -1,0 +1,12 @@
+"""HMMT February 2025: 30 problems with LaTeX answers (one has two values, "a, b")."""
+
+from .base import MathBenchmark, Problem
+
+
+class HMMT25(MathBenchmark):
+    name = "hmmt25"
+    hub_id, split, file = "MathArena/hmmt_feb_2025", "train", "hmmt_feb_2025.jsonl"
+    columns = ("problem_idx", "problem", "answer")
+
+    def problem(self, row, index):
+        return Problem(str(row["problem_idx"]), row["problem"], str(row["answer"]))

@@ -1,0 +1,127 @@
+"""Reports read from the store: the terminal table, `--out DIR` files (results.json, samples.jsonl,
+report.html) and the comparison of two runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from rstar2_agent.store import Run, Sample, Store, StoreError
+
+from .metrics import Graded, summarize
+
+
+@dataclass
+class BenchResult:
+    run: Run
+    samples: list[Sample]  # status ok
+    errors: int  # samples stored as errors (a resume retries them)
+    summary: dict[str, Any]
+
+
+def graded(s: Sample) -> Graded:
+    return Graded(s.problem_id, s.sample_index, s.correct, s.answer, s.tokens, s.tool_calls, s.tool_errors,
+                  s.stop_reason)
+
+
+def load(store: Store, name: str) -> list[BenchResult]:
+    runs = store.runs(name)
+    if not runs:
+        known = sorted({r.name for r in store.runs()})
+        raise StoreError(f"no run named {name!r} in {store.url}; runs there: {', '.join(known) or 'none'}")
+    out = []
+    for run in runs:
+        rows = store.samples(run.id)
+        ok = [s for s in rows if s.status == "ok"]
+        out.append(BenchResult(run, ok, len(rows) - len(ok), summarize(graded(s) for s in ok)))
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def results_table(results: list[BenchResult], title: str) -> Table:
+    """avg@n with its standard error and bootstrap 95% interval, pass@n, maj@n, what the agent did."""
+    table = Table(title=title)
+    for col in ("benchmark", "problems x n", "avg@n %", "95% CI", "pass@n %", "maj@n %", "tokens", "tool calls",
+                "tool err %", "errors"):
+        table.add_column(col, justify="left" if col == "benchmark" else "right")
+    stops = []
+    for r in results:
+        s = r.summary
+        if not s.get("samples"):
+            table.add_row(r.run.benchmark, "0", *[""] * 7, str(r.errors))
+            continue
+        n = list(s["pass_at_k"])[-1]
+        table.add_row(r.run.benchmark, f"{s['problems']} x {s['n_min']}", f"{_pct(s['avg'])} ± {_pct(s['stderr'])}",
+                      f"{_pct(s['ci95'][0])}-{_pct(s['ci95'][1])}", _pct(s["pass_at_k"][n]), _pct(s["maj"]),
+                      f"{s['mean_tokens']:.0f}", f"{s['mean_tool_calls']:.2f}", _pct(s["tool_error_rate"]),
+                      str(r.errors))
+        stops.append(f"{r.run.benchmark}: " + ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items()))
+    table.caption = "stop reasons: " + "; ".join(stops) if stops else None
+    return table
+
+
+def run_meta(run: Run) -> dict[str, Any]:
+    return {"name": run.name, "benchmark": run.benchmark, "model": run.model, "settings": run.config,
+            "info": run.info, "version": run.version, "git_commit": run.git_commit, "status": run.status,
+            "created_at": run.created_at.isoformat(), "finished_at": run.finished_at and run.finished_at.isoformat()}
+
+
+def sample_dict(s: Sample) -> dict[str, Any]:
+    keep = ("problem_id", "sample_index", "status", "correct", "answer", "gold", "reason", "stop_reason", "tokens",
+            "tool_calls", "tool_errors", "turns", "seconds", "timings", "details", "error", "attempts")
+    return {k: getattr(s, k) for k in keep}
+
+
+def write_outputs(store: Store, name: str, out: str | Path) -> list[Path]:
+    """results.json, samples.jsonl (with trajectories) and report.html, all from the store."""
+    from .html import render_html
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = load(store, name)
+    (out / "results.json").write_text(json.dumps(
+        [{**run_meta(r.run), "errors": r.errors, "metrics": r.summary} for r in results], indent=2))
+    trajectories: dict[int, dict[str, dict[int, Any]]] = {}
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+        for r in results:
+            trajs = store.trajectories(r.run.id)
+            trajectories[r.run.id] = trajs
+            for s in store.samples(r.run.id):
+                f.write(json.dumps({"benchmark": r.run.benchmark, **sample_dict(s), "trajectory": trajs.get(s.id)},
+                                   ensure_ascii=False) + "\n")
+    (out / "report.html").write_text(render_html(name, results, trajectories), encoding="utf-8")
+    return [out / "results.json", out / "samples.jsonl", out / "report.html"]
+
+
+def compare(store: Store, a: str, b: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per benchmark in both runs: accuracies, the difference and its paired standard error over problems;
+    per problem: the ones whose accuracy differs, largest change first."""
+    ra = {r.run.benchmark: r for r in load(store, a)}
+    rb = {r.run.benchmark: r for r in load(store, b)}
+    benches, problems = [], []
+    for bench in [x for x in ra if x in rb]:
+        pa = {p["problem_id"]: p["accuracy"] for p in ra[bench].summary.get("per_problem", [])}
+        pb = {p["problem_id"]: p["accuracy"] for p in rb[bench].summary.get("per_problem", [])}
+        shared = sorted(set(pa) & set(pb))
+        diffs = np.array([pb[p] - pa[p] for p in shared])
+        benches.append({
+            "benchmark": bench, "problems": len(shared),
+            "a": float(np.mean([pa[p] for p in shared])) if shared else 0.0,
+            "b": float(np.mean([pb[p] for p in shared])) if shared else 0.0,
+            "diff": float(diffs.mean()) if shared else 0.0,
+            "stderr": float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else 0.0,
+            "better": int((diffs > 0).sum()), "worse": int((diffs < 0).sum())})
+        problems += [{"benchmark": bench, "problem_id": p, "a": pa[p], "b": pb[p], "diff": pb[p] - pa[p]}
+                     for p in shared if pa[p] != pb[p]]
+    if not benches:
+        raise StoreError(f"the runs {a!r} and {b!r} share no benchmark")
+    problems.sort(key=lambda d: (-abs(d["diff"]), d["benchmark"], d["problem_id"]))
+    return benches, problems

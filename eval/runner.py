@@ -1,0 +1,152 @@
+"""The harness: runs a benchmark's samples with many in flight, grades them, stores each one as it finishes,
+and resumes a run by name. A killed process loses at most the samples in flight.
+
+An engine error (the endpoint failed or timed out) is retried with back-off; a sample that keeps failing is
+stored with status `error`, and a later run with the same name retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.store import Sample, Store
+
+from .benchmarks import Benchmark, Context, Outcome, Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Defaults are the paper's evaluation settings."""
+    n: int = 16  # samples per problem
+    temperature: float = 0.6
+    top_p: float = 1.0
+    max_tokens: int = 30000  # response budget per sample (generated and tool tokens)
+    max_turns: int = 30
+    use_tools: bool = True
+    seed: int = 0
+    api: str = "completions"  # token level through the core's engines; "chat": client-side over chat completions
+    tool_protocol: str = "hermes"
+    limit: int | None = None  # the first K problems
+    concurrency: int = 64  # samples in flight
+    retries: int = 3  # per sample, on engine errors
+    backoff: float = 2.0  # seconds before the first retry; doubles each time
+
+    def settings(self) -> dict[str, Any]:
+        """What the results depend on: a run resumes only with the same settings (n and limit may grow)."""
+        keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "tool_protocol")
+        return {k: getattr(self, k) for k in keep}
+
+    def agent_config(self) -> AgentConfig:
+        return AgentConfig(max_turns=self.max_turns if self.use_tools else 1, max_response_tokens=self.max_tokens,
+                           sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                                                   max_tokens=self.max_tokens))
+
+
+@dataclass
+class Progress:
+    """What the progress display shows; the runner updates it as samples finish."""
+    total: int = 0
+    done: int = 0
+    correct: int = 0
+    errors: int = 0
+    skipped: int = 0  # already in the store
+
+
+def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=None):
+    """ctx.agent: the core's token-level loop on `engine`, or the client-side chat-API loop."""
+    base = cfg.agent_config()
+
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None):
+        acfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=seed))
+        if max_turns is not None:
+            acfg.max_turns = max_turns
+        if chat_agent is not None:
+            return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute)
+        return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute)
+
+    return agent
+
+
+def to_sample(run_id: int, problem: Problem, index: int, out: Outcome, attempts: int) -> Sample:
+    traj = out.trajectory
+    failed = traj.stop_reason == "engine_error"
+    return Sample(run_id=run_id, problem_id=problem.id, sample_index=index, status="error" if failed else "ok",
+                  correct=out.correct, answer=out.predicted, gold=out.gold, reason=out.reason,
+                  stop_reason=traj.stop_reason, tokens=sum(t.num_tokens for t in traj.turns),
+                  tool_calls=len(traj.tool_calls), tool_errors=sum(c.failed for c in traj.tool_calls),
+                  turns=len(traj.turns), seconds=traj.timings.get("total", 0.0), timings=dict(traj.timings),
+                  details=out.details, error=traj.error, attempts=attempts)
+
+
+async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context, cfg: EvalConfig, store: Store,
+                        run_id: int, on_progress: Callable[[Progress], None] | None = None) -> Progress:
+    """Run every (problem, sample) of the run that is not stored yet; returns the counts."""
+    done = await asyncio.to_thread(store.done, run_id)
+    todo = [(p, i) for p in problems for i in range(cfg.n) if (p.id, i) not in done]
+    prog = Progress(total=len(problems) * cfg.n, skipped=len(problems) * cfg.n - len(todo))
+    prog.done = prog.skipped
+    notify = on_progress or (lambda p: None)
+    notify(prog)
+    queue: asyncio.Queue[tuple[Problem, int]] = asyncio.Queue()
+    for item in todo:
+        queue.put_nowait(item)
+
+    async def one(problem: Problem, index: int) -> None:
+        for attempt in range(cfg.retries + 1):
+            out = await bench.run(problem, index, ctx)
+            if out.trajectory.stop_reason != "engine_error" or attempt == cfg.retries:
+                break
+            delay = cfg.backoff * 2 ** attempt
+            log.warning("%s #%d: %s; retry %d/%d in %.0f s", problem.id, index, out.trajectory.error, attempt + 1,
+                        cfg.retries, delay)
+            await asyncio.sleep(delay)
+        sample = to_sample(run_id, problem, index, out, attempt + 1)
+        await asyncio.to_thread(store.add_sample, sample, out.trajectory.to_dict())
+        prog.done += 1
+        prog.correct += sample.correct
+        prog.errors += sample.status == "error"
+        notify(prog)
+
+    async def worker() -> None:
+        while not queue.empty():
+            await one(*queue.get_nowait())
+
+    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(cfg.concurrency, len(todo))))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for w in workers:
+            w.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*workers, return_exceptions=True)
+    return prog
+
+
+def rich_progress(console, label: str):
+    """A rich progress bar (samples done of those to run, running accuracy, errors, ETA) and its callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+              TextColumn("acc {task.fields[acc]}"), TextColumn("{task.fields[errors]}"), TimeElapsedColumn(),
+              TextColumn("eta"), TimeRemainingColumn(), console=console)
+    task = bar.add_task(label, total=None, acc="-", errors="")
+
+    def update(p: Progress) -> None:
+        new = p.done - p.skipped
+        bar.update(task, total=p.total - p.skipped, completed=new, acc=f"{p.correct / new:.3f}" if new else "-",
+                   errors=f"{p.errors} errors" if p.errors else "",
+                   description=label + (f" ({p.skipped} stored)" if p.skipped else ""))
+
+    return bar, update

@@ -1,0 +1,222 @@
+"""The project's store (SQLAlchemy): runs, their samples and trajectories, and per-step metrics.
+
+A SQLite file by default ($RSTAR2_HOME/rstar2.db); any SQLAlchemy URL (PostgreSQL) for a shared store.
+Every sample is written in one transaction together with its trajectory, so a process killed at any moment
+leaves whole samples only; a run is identified by (name, benchmark) and resumed by name.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
+                        create_engine, delete, event, select)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from . import __version__
+from .models import rstar2_home
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened, or a run cannot be resumed as asked; the message says what to do."""
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("name", "benchmark"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    benchmark: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(20), default="eval")  # eval, sft, rl
+    model: Mapped[str] = mapped_column(String(500))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the settings results depend on; a resume must match
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the rest (n, engine, data), updated on resume
+    version: Mapped[str] = mapped_column(String(50))
+    git_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status: Mapped[str] = mapped_column(String(20), default="running")  # running, finished, interrupted
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("run_id", "problem_id", "sample_index"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    problem_id: Mapped[str] = mapped_column(String(200))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))  # ok, or error (an engine that kept failing; resume retries)
+    correct: Mapped[bool] = mapped_column(Boolean, default=False)
+    answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    gold: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(String(200), nullable=True)  # why it is wrong, when known
+    stop_reason: Mapped[str] = mapped_column(String(40))
+    tokens: Mapped[int] = mapped_column(Integer, default=0)  # generated response tokens
+    tool_calls: Mapped[int] = mapped_column(Integer, default=0)
+    tool_errors: Mapped[int] = mapped_column(Integer, default=0)
+    turns: Mapped[int] = mapped_column(Integer, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class TrajectoryRow(Base):
+    __tablename__ = "trajectories"
+    sample_id: Mapped[int] = mapped_column(ForeignKey("samples.id", ondelete="CASCADE"), primary_key=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)  # Trajectory.to_dict()
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+def default_url() -> str:
+    return f"sqlite:///{rstar2_home() / 'rstar2.db'}"
+
+
+def as_url(db: str | os.PathLike | None) -> str:
+    """None -> the default SQLite file; a path -> a SQLite file there; a URL stays."""
+    if db is None:
+        return default_url()
+    db = str(db)
+    return db if "://" in db else f"sqlite:///{Path(db).expanduser().resolve()}"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Store:
+    def __init__(self, db: str | os.PathLike | None = None):
+        self.url = as_url(db)
+        if self.url.startswith("sqlite:///"):
+            Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.engine = create_engine(self.url)
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            Base.metadata.create_all(self.engine)
+        except SQLAlchemyError as e:
+            raise StoreError(f"cannot open the store {self.url}: {e}; check --db (a file path or a "
+                             "SQLAlchemy URL such as postgresql://user@host/db)") from e
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    # -- runs
+    def open_run(self, name: str, benchmark: str, model: str, config: dict[str, Any],
+                 info: dict[str, Any] | None = None, kind: str = "eval") -> Run:
+        """Create the run, or resume it when one with this name and benchmark exists with the same settings."""
+        with self.session() as s:
+            run = s.scalars(select(Run).where(Run.name == name, Run.benchmark == benchmark)).first()
+            if run is None:
+                run = Run(name=name, benchmark=benchmark, kind=kind, model=model, config=config, info=info or {},
+                          version=__version__, git_commit=git_commit())
+                s.add(run)
+                s.flush()
+                return run
+            differ = sorted(k for k in {*config, *run.config} if config.get(k) != run.config.get(k))
+            if run.model != model or differ:
+                changes = [f"model: {run.model!r} -> {model!r}"] if run.model != model else []
+                changes += [f"{k}: {run.config.get(k)!r} -> {config.get(k)!r}" for k in differ]
+                raise StoreError(f"the run {name!r} ({benchmark}) exists with other settings ({'; '.join(changes)}); "
+                                 "resume it with its own settings, or give this one a new --run name")
+            run.status, run.updated_at, run.finished_at = "running", _now(), None
+            run.info = {**run.info, **(info or {})}
+            return run
+
+    def set_status(self, run_id: int, status: str) -> None:
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            run.status, run.updated_at = status, _now()
+            if status == "finished":
+                run.finished_at = _now()
+
+    def runs(self, name: str | None = None) -> list[Run]:
+        with self.session() as s:
+            q = select(Run).order_by(Run.created_at, Run.benchmark)
+            return list(s.scalars(q.where(Run.name == name) if name else q))
+
+    # -- samples
+    def done(self, run_id: int) -> set[tuple[str, int]]:
+        """(problem id, sample index) of the samples that finished; error samples are not done."""
+        with self.session() as s:
+            rows = s.execute(select(Sample.problem_id, Sample.sample_index).where(
+                Sample.run_id == run_id, Sample.status == "ok"))
+            return {(p, i) for p, i in rows}
+
+    def add_sample(self, sample: Sample, trajectory: dict[str, Any]) -> None:
+        """Write a sample and its trajectory in one transaction, replacing an earlier error sample."""
+        with self.session() as s:
+            old = s.scalars(select(Sample).where(Sample.run_id == sample.run_id, Sample.problem_id ==
+                                                 sample.problem_id, Sample.sample_index == sample.sample_index)).first()
+            if old is not None:
+                sample.attempts += old.attempts
+                s.execute(delete(TrajectoryRow).where(TrajectoryRow.sample_id == old.id))
+                s.delete(old)
+                s.flush()
+            s.add(sample)
+            s.flush()
+            s.add(TrajectoryRow(sample_id=sample.id, data=trajectory))
+            s.get(Run, sample.run_id).updated_at = _now()
+
+    def samples(self, run_id: int, status: str | None = None) -> list[Sample]:
+        with self.session() as s:
+            q = select(Sample).where(Sample.run_id == run_id).order_by(Sample.problem_id, Sample.sample_index)
+            return list(s.scalars(q.where(Sample.status == status) if status else q))
+
+    def trajectories(self, run_id: int) -> dict[int, dict[str, Any]]:
+        """sample id -> trajectory dict, for one run."""
+        with self.session() as s:
+            rows = s.execute(select(TrajectoryRow.sample_id, TrajectoryRow.data).join(
+                Sample, Sample.id == TrajectoryRow.sample_id).where(Sample.run_id == run_id))
+            return {sid: data for sid, data in rows}
+
+    # -- metrics (training)
+    def add_metrics(self, run_id: int, step: int, values: dict[str, float]) -> None:
+        with self.session() as s:
+            s.add_all(Metric(run_id=run_id, step=step, name=k, value=float(v)) for k, v in values.items())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(conn, _record) -> None:
+    cur = conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers (reports) do not block the writer
+    cur.execute("PRAGMA synchronous=NORMAL")  # a committed sample survives a killed process
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
