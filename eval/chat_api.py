@@ -12,8 +12,15 @@ import time
 from typing import Any
 
 from rstar2_agent.agent import AgentConfig, Execute, run_calls
-from rstar2_agent.chat_format import SYSTEM_PROMPT, USER_TEMPLATE, ToolCall, answer_blocks, default_tools, \
-    extract_answer, validate_arguments
+from rstar2_agent.chat_format import (
+    SYSTEM_PROMPT,
+    USER_TEMPLATE,
+    ToolCall,
+    answer_blocks,
+    default_tools,
+    extract_answer,
+    validate_arguments,
+)
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import Trajectory, Turn
 

@@ -45,7 +45,9 @@ def eval_group() -> None:
 @click.option("--no-tools", is_flag=True, help="One turn, no Python tool.")
 @click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
               help="Default: the model's (registry).")
-@click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per category).")
+@click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, live, "
+              "multi_turn, single_turn), comma-separated.")
 @click.option("--concurrency", type=click.IntRange(1), default=64, show_default=True, help="Samples in flight.")
 @click.option("--retries", type=click.IntRange(0), default=3, show_default=True,
               help="Retries of a sample whose engine or endpoint failed (with back-off).")
@@ -60,8 +62,8 @@ def eval_group() -> None:
 @click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def run_cmd(benchmarks, model, engine, url, served_model, api_key, api, n, temperature, top_p, max_tokens, max_turns,
-            no_tools, tool_protocol, limit, concurrency, retries, db, run_name, out, data_dir, seed, grader_timeout,
-            sandbox_urls, unsafe) -> None:
+            no_tools, tool_protocol, limit, categories, concurrency, retries, db, run_name, out, data_dir, seed,
+            grader_timeout, sandbox_urls, unsafe) -> None:
     """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25."""
     import asyncio
 
@@ -76,7 +78,8 @@ def run_cmd(benchmarks, model, engine, url, served_model, api_key, api, n, tempe
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     unknown = [b for b in names if b not in known_benchmarks()]
     if unknown:
-        raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(known_benchmarks())}")
+        raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
+                               f"choose from {', '.join(known_benchmarks())}")
     cfg = EvalConfig(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                      use_tools=not no_tools, seed=seed, api=api, tool_protocol=tool_protocol or "", limit=limit,
                      concurrency=concurrency, retries=retries)
@@ -84,7 +87,8 @@ def run_cmd(benchmarks, model, engine, url, served_model, api_key, api, n, tempe
                     sandbox_urls=list(sandbox_urls), isolation=not unsafe, grader_timeout=grader_timeout)
     try:
         store = Store(db)
-        asyncio.run(evaluate(names, source, cfg, store, run_name, data_dir, out, benchmarks=extra_benchmarks(names)))
+        extra = extra_benchmarks(names, categories)
+        asyncio.run(evaluate(names, source, cfg, store, run_name, data_dir, out, benchmarks=extra))
     except (DataError, StoreError, ModelError, EngineError, SandboxError) as e:
         raise click.ClickException(str(e)) from e
     except KeyboardInterrupt:
@@ -95,13 +99,13 @@ def known_benchmarks() -> list[str]:
     return [*BENCHMARKS, "bfcl_v3"]
 
 
-def extra_benchmarks(names: list[str]) -> dict:
+def extra_benchmarks(names: list[str], categories: str = "all") -> dict:
     """Benchmarks that are not plain registry entries (BFCL v3 with its categories)."""
     if "bfcl_v3" not in names:
         return {}
     from .benchmarks.bfcl_v3 import BFCLv3
 
-    return {"bfcl_v3": BFCLv3()}
+    return {"bfcl_v3": BFCLv3(categories=categories)}
 
 
 @eval_group.command("report")
@@ -111,18 +115,20 @@ def extra_benchmarks(names: list[str]) -> dict:
 @click.option("--problems", is_flag=True, help="Print the per-problem accuracy too.")
 def report_cmd(run_name, db, out, problems) -> None:
     """The results of a stored run (all its benchmarks)."""
-    from rich.console import Console
     from rich.table import Table
 
     from rstar2_agent.store import Store
 
-    from .report import load, results_table, write_outputs
+    from .report import bfcl_table, load, results_table, write_outputs
+    from .report import console as wide_console
 
-    console = Console()
+    console = wide_console()
     try:
         store = Store(db)
         results = load(store, run_name)
         console.print(results_table(results, f"{run_name} ({results[0].run.model})"))
+        for table in filter(None, map(bfcl_table, results)):
+            console.print(table)
         if problems:
             for r in results:
                 table = Table(title=f"{r.run.benchmark}: per problem")
@@ -146,14 +152,14 @@ def report_cmd(run_name, db, out, problems) -> None:
 @click.option("--top", type=click.IntRange(0), default=20, show_default=True, help="Problems to list.")
 def compare_cmd(run_a, run_b, db, top) -> None:
     """RUN_B against RUN_A: per benchmark and per problem."""
-    from rich.console import Console
     from rich.table import Table
 
     from rstar2_agent.store import Store
 
     from .report import compare
+    from .report import console as wide_console
 
-    console = Console()
+    console = wide_console()
     try:
         benches, problems = compare(Store(db), run_a, run_b)
     except StoreError as e:
@@ -173,3 +179,53 @@ def compare_cmd(run_a, run_b, db, top) -> None:
             table.add_row(p["benchmark"], p["problem_id"], f"{100 * p['a']:.0f}", f"{100 * p['b']:.0f}",
                           f"{100 * p['diff']:+.0f}")
         console.print(table)
+
+
+@eval_group.command("bench")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)
+@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+              help="Where aime24.jsonl is (default: the 3-problem fixture in tests/data).")
+@click.option("--problems", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--n", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(8), default=64, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--answers", type=click.IntRange(6), default=600, show_default=True, help="Answers to grade.")
+def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers) -> None:
+    """The harness's wall time against the bare engine on the same samples, and graded answers per second."""
+    import asyncio
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from rstar2_agent.chat_format import ChatFormat
+    from rstar2_agent.engines import make_engine
+    from rstar2_agent.models import resolve_model
+
+    from .bench import bench_grading, bench_harness
+    from .benchmarks import get_benchmark
+
+    console = Console()
+    bench = get_benchmark("aime24")
+    fixture = Path(__file__).resolve().parents[1] / "tests" / "data"
+    probs = bench.load(data_dir or (fixture if fixture.is_dir() else None), problems)
+    resolved = resolve_model(model)
+
+    async def go():
+        with console.status(f"starting {engine} ..."):
+            eng = make_engine(engine, resolved.path, context_length=min(resolved.spec.context_length, 4096))
+        try:
+            row = await bench_harness(eng, ChatFormat(eng.tokenizer, "hermes"), bench, probs, n, max_tokens,
+                                      concurrency, rounds)
+        finally:
+            await eng.close()
+        return row, await bench_grading(answers)
+
+    row, (pool, inline, right) = asyncio.run(go())
+    console.print(f"harness vs bare {engine} engine ({resolved.spec.name}): {row.samples} samples x {max_tokens} "
+                  f"tokens, concurrency {concurrency}, {rounds} rounds")
+    console.print(f"  bare engine {row.bare_s:.2f} s ({row.tokens / row.bare_s:.1f} tok/s), harness {row.harness_s:.2f}"
+                  f" s ({row.tokens / row.harness_s:.1f} tok/s): harness / bare = {row.ratio:.3f}")
+    console.print(f"grading {answers} answers ({right} correct): process pool {pool:.0f} answers/s, in-process one "
+                  f"by one {inline:.0f} answers/s ({pool / inline:.2f}x)")

@@ -18,7 +18,8 @@ from rstar2_agent.store import Store
 
 from .benchmarks import Benchmark, Context, get_benchmark
 from .chat_api import ChatAPIAgent
-from .report import load, results_table, write_outputs
+from .report import bfcl_table, load, results_table, write_outputs
+from .report import console as wide_console
 from .runner import EvalConfig, make_agent, rich_progress, run_benchmark
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
                    data_dir: str | None = None, out: str | None = None, console: Console | None = None,
                    benchmarks: dict[str, Benchmark] | None = None) -> str:
     """Run (or resume) every benchmark; returns the run name. `benchmarks` overrides by name (tests, BFCL)."""
-    console = console or Console(stderr=True)
+    console = console or wide_console(stderr=True)
     run_name = run_name or default_run_name(source, cfg)
     benches = [(benchmarks or {}).get(n) or get_benchmark(n) for n in bench_names]
     problems = {b.name: b.load(data_dir, cfg.limit) for b in benches}  # missing data fails here, before engines
@@ -94,6 +95,8 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
             await chat_agent.close()
     results = [r for r in load(store, run_name) if r.run.benchmark in bench_names]
     console.print(results_table(results, f"{run_name} ({source.label()})"))
+    for table in filter(None, map(bfcl_table, results)):
+        console.print(table)
     if out:
         for path in write_outputs(store, run_name, out):
             console.print(f"wrote {path}")

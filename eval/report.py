@@ -4,6 +4,7 @@ report.html) and the comparison of two runs."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,50 @@ def load(store: Store, name: str) -> list[BenchResult]:
     for run in runs:
         rows = store.samples(run.id)
         ok = [s for s in rows if s.status == "ok"]
-        out.append(BenchResult(run, ok, len(rows) - len(ok), summarize(graded(s) for s in ok)))
+        summary = summarize(graded(s) for s in ok)
+        if run.benchmark == "bfcl_v3" and ok:
+            summary["bfcl"] = bfcl_scores(ok)
+        out.append(BenchResult(run, ok, len(rows) - len(ok), summary))
     return out
+
+
+def bfcl_category(problem_id: str) -> str:
+    """BFCL ids are the category, an underscore and the item's number ("live_simple_3-1-0")."""
+    return problem_id.rsplit("_", 1)[0]
+
+
+def bfcl_scores(samples: list[Sample]) -> dict[str, Any]:
+    """Per-category accuracy (mean over samples) and BFCL v3's summary scores (its own weighting)."""
+    from rstar2_agent.grading import bfcl
+
+    by_cat: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_cat[bfcl_category(s.problem_id)].append(s)
+    scores = {c: (sum(s.correct for s in v) / len(v), len({s.problem_id for s in v})) for c, v in by_cat.items()}
+    return {"categories": {c: {"accuracy": a, "items": n} for c, (a, n) in scores.items()}, **bfcl.overall(scores)}
+
+
+def bfcl_table(result: BenchResult) -> Table | None:
+    scores = result.summary.get("bfcl")
+    if not scores:
+        return None
+    table = Table(title=f"BFCL v3 by category (overall {_pct(scores['overall'])}%"
+                  + ("" if scores["complete"] else "; categories not run count 0, as BFCL counts them") + ")")
+    for col in ("category", "items", "accuracy %"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    for c, v in scores["categories"].items():
+        table.add_row(c, str(v["items"]), _pct(v["accuracy"]))
+    for key in ("non_live", "live", "multi_turn", "relevance", "irrelevance"):
+        table.add_row(f"[bold]{key}", "", _pct(scores[key]))
+    return table
+
+
+def console(stderr: bool = False):
+    """A rich console; when output is not a terminal (logs, CI), wide enough for the tables."""
+    from rich.console import Console
+
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=150)
 
 
 def _pct(x: float) -> str:

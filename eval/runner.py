@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +35,12 @@ class EvalConfig:
     use_tools: bool = True
     seed: int = 0
     api: str = "completions"  # token level through the core's engines; "chat": client-side over chat completions
-    tool_protocol: str = "hermes"
+    tool_protocol: str = ""  # "": the model's (registry); set to what was used once the engine is built
     limit: int | None = None  # the first K problems
     concurrency: int = 64  # samples in flight
     retries: int = 3  # per sample, on engine errors
     backoff: float = 2.0  # seconds before the first retry; doubles each time
+    ignore_eos: bool = False  # benchmarks only: every sample generates max_tokens
 
     def settings(self) -> dict[str, Any]:
         """What the results depend on: a run resumes only with the same settings (n and limit may grow)."""
@@ -50,7 +50,7 @@ class EvalConfig:
     def agent_config(self) -> AgentConfig:
         return AgentConfig(max_turns=self.max_turns if self.use_tools else 1, max_response_tokens=self.max_tokens,
                            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                                   max_tokens=self.max_tokens))
+                                                   max_tokens=self.max_tokens, ignore_eos=self.ignore_eos))
 
 
 @dataclass

@@ -51,7 +51,7 @@ class Context:
     math_grader: Any  # rstar2_agent.grading.math.MathGrader
     seed: int  # the run's seed
     use_tools: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # engine, fmt, sandbox, agent config, for benchmarks that need them
+    extra: dict[str, Any] = field(default_factory=dict)  # engine, fmt, sandbox, config: for benchmarks that need them
 
 
 def sample_seed(seed: int, problem_id: str, index: int) -> int:

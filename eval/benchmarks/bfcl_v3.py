@@ -133,8 +133,8 @@ def continuation(traj: Trajectory, eos: str | None = None) -> list[dict[str, Any
     for turn in traj.turns:
         named = [c for c in turn.tool_calls if c.name]
         text = turn.text
-        for c in named:
-            text = text.replace(c.raw, "", 1) if c.raw else text
+        for c in named:  # the calls go in tool_calls; a chat API's raw is not in the text
+            text = text.replace(c.raw, "", 1) if c.raw.startswith("<tool_call>") else text
         for end in (eos, *END_TOKENS):
             if end and text.rstrip().endswith(end):
                 text = text.rstrip()[: -len(end)]
@@ -206,8 +206,9 @@ class BFCLv3(Benchmark):
         calls = [{"name": names.get(r.name, r.name), "arguments": r.arguments} for r in records if r.name]
         unreadable = [r.raw for r in records if not r.name]
         if unreadable and not bfcl.is_relevance(category):
-            check = Check(False, f"Invalid syntax. Failed to decode AST. {next(r.error for r in records if not r.name)}",
-                          "ast_decoder:decoder_failed", meta["ground_truth"], calls)
+            why = next(r.error for r in records if not r.name)
+            check = Check(False, f"Invalid syntax. Failed to decode AST. {why}", "ast_decoder:decoder_failed",
+                          meta["ground_truth"], calls)
         else:
             check = bfcl.grade_single_turn(category, meta["functions"], calls, meta["ground_truth"])
         details = {"category": category, "error": check.error, "expected": check.expected, "produced": calls}

@@ -72,17 +72,20 @@ class World:
                 raise PermissionError(f"Function call {call.name} is not allowed.")
             if call.name not in self.methods:
                 raise NameError(f"name '{call.name}' is not defined")
-            result = self.methods[call.name](*call.args, **(call.kwargs or {}))
+            return _text(self.methods[call.name](*call.args, **(call.kwargs or {})))
         except Exception as e:  # noqa: BLE001 - the model is told, as bfcl_eval tells it
             return f"Error during execution: {e}"
-        if isinstance(result, str):
-            return result
-        if isinstance(result, dict):
-            try:
-                return json.dumps(result)
-            except (TypeError, ValueError):
-                return str(result)
-        return str(result)
+
+
+def _text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
 
 
 def _short(value: Any) -> str:

@@ -58,6 +58,7 @@ class MathGrader:
     def __init__(self, workers: int | None = None, timeout: float = 10.0):
         self.workers, self.timeout = workers or max(1, (os.cpu_count() or 2) // 2), timeout
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -67,21 +68,25 @@ class MathGrader:
 
     async def grade(self, text: str, gold: str) -> MathGrade:
         loop = asyncio.get_running_loop()
-        pool = self._executor()
-        try:
-            return await asyncio.wait_for(loop.run_in_executor(pool, _grade, text, gold), self.timeout)
-        except TimeoutError:
-            self._reset(pool)
-            return MathGrade(False, extract_answer(text), "timeout")
-        except concurrent.futures.process.BrokenProcessPool:
-            self._reset(pool)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.workers)
+        async with self._slots:  # no more comparisons than processes: the timeout covers only the comparison
+            for _ in range(2):
+                pool = self._executor()
+                try:
+                    return await asyncio.wait_for(loop.run_in_executor(pool, _grade, text, gold), self.timeout)
+                except TimeoutError:
+                    self._reset(pool)
+                    return MathGrade(False, extract_answer(text), "timeout")
+                except concurrent.futures.process.BrokenProcessPool:
+                    self._reset(pool)  # another comparison's timeout took the pool down: once more on a new one
             return MathGrade(False, extract_answer(text), "grader process died")
 
     def _reset(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Replace a pool whose worker is stuck: kill its processes (a running task cannot be cancelled)."""
         if self._pool is pool:
             self._pool = None
-        for proc in list(getattr(pool, "_processes", {}).values()):
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
 
