@@ -108,8 +108,11 @@ def answer_pairs(count: int) -> list[tuple[str, str]]:
 
 async def bench_grading(count: int = 600) -> tuple[float, float, int]:
     """(pool answers/s, in-process one-by-one answers/s, correct count)."""
+    import logging
+
     from rstar2_agent.chat_format import extract_answer
 
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     pairs = answer_pairs(count)
     grader = MathGrader()
     try:

@@ -187,10 +187,10 @@ def compare_cmd(run_a, run_b, db, top) -> None:
 @click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
               help="Where aime24.jsonl is (default: the 3-problem fixture in tests/data).")
 @click.option("--problems", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--n", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(8), default=64, show_default=True)
+@click.option("--n", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(8), default=256, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--answers", type=click.IntRange(6), default=600, show_default=True, help="Answers to grade.")
 def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers) -> None:
     """The harness's wall time against the bare engine on the same samples, and graded answers per second."""

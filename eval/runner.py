@@ -101,6 +101,16 @@ async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context,
     queue: asyncio.Queue[tuple[Problem, int]] = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
+    # `concurrency` bounds the samples generating at once; grading and storing happen outside that bound, so
+    # the engine starts the next sample while the last one is graded.
+    slots = asyncio.Semaphore(cfg.concurrency)
+    agent = ctx.agent
+
+    async def limited_agent(*args, **kwargs):
+        async with slots:
+            return await agent(*args, **kwargs)
+
+    ctx = dataclasses.replace(ctx, agent=limited_agent)
 
     async def one(problem: Problem, index: int) -> None:
         for attempt in range(cfg.retries + 1):
@@ -122,7 +132,7 @@ async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context,
         while not queue.empty():
             await one(*queue.get_nowait())
 
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(cfg.concurrency, len(todo))))]
+    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(2 * cfg.concurrency, len(todo))))]
     try:
         await asyncio.gather(*workers)
     finally:

@@ -1,5 +1,5 @@
 """BFCL v3 checking against bfcl_eval's own answer files: calls built from the possible answers pass, broken ones
-fail, multi-turn ground truth replays to 1; and the benchmark end to end with a fake agent."""
+fail, multi-turn ground truth replays to 1; and the benchmark end to end with a scripted agent (the real model is in test_eval_run.py)."""
 
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ def context(agent) -> Context:
     return Context(agent=agent, math_grader=None, seed=0)
 
 
-async def test_benchmark_single_turn_maps_names_back():
+async def test_benchmark_single_turn_maps_names_back_with_a_scripted_agent():
     bench = BFCLv3(["simple"])
     problem = next(p for p in bench.load() if "." in p.meta["functions"][0]["name"])
     item = next(i for i in items("simple") if i["id"] == problem.id)
@@ -289,7 +289,7 @@ def _as_kwargs(world: World, call: Call) -> dict:
 
 
 @pytest.mark.parametrize("skip_turn", [None, 0])
-async def test_benchmark_multi_turn_end_to_end(skip_turn):
+async def test_benchmark_multi_turn_with_a_scripted_agent(skip_turn):
     bench = BFCLv3(["multi_turn_miss_func"])
     problem = bench.load(limit=1)[0]
     item = items("multi_turn_miss_func")[0]
@@ -363,7 +363,7 @@ def hermes(calls: list[tuple[str, dict]]) -> str:
 
 
 @pytest.mark.slow
-async def test_real_loop_single_and_multi_turn(smol_tokenizer):
+async def test_real_loop_single_and_multi_turn_with_a_scripted_engine(smol_tokenizer):
     bench = BFCLv3(["parallel_multiple", "multi_turn_miss_func"])
     problems = {p.id: p for p in bench.load(limit=1)}
     item = items("parallel_multiple")[0]

@@ -250,3 +250,25 @@ def test_cli_errors_say_what_to_do(tmp_path):
     p = subprocess.run([RSTAR2, "eval", "report", "nope", "--db", str(tmp_path / "x.db")], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode != 0 and "no run named 'nope'" in p.stderr
+
+
+async def test_bfcl_v3_items_with_the_real_model(tmp_path):
+    from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3
+    from rstar2_agent.eval.report import write_outputs
+
+    store = Store(tmp_path / "eval.db")
+    bench = BFCLv3("simple,irrelevance,live_relevance,multi_turn_base")
+    await evaluate(["bfcl_v3"], Source(), cfg(n=1, limit=1, max_tokens=96), store, "bfcl", benchmarks={
+        "bfcl_v3": bench})
+    (result,) = load(store, "bfcl")
+    by_id = {s.problem_id: s for s in result.samples}
+    assert set(by_id) == {"simple_0", "irrelevance_0", "live_relevance_0-0-0", "multi_turn_base_0"}
+    assert set(result.summary["bfcl"]["categories"]) == {"simple", "irrelevance", "live_relevance",
+                                                         "multi_turn_base"}
+    assert 0.0 <= result.summary["bfcl"]["overall"] <= 1.0 and not result.summary["bfcl"]["complete"]
+    assert by_id["simple_0"].correct or by_id["simple_0"].details["expected"]  # a failure says what was expected
+    user_turns = bench.load(limit=1)[-1].meta["turns"]
+    log = by_id["multi_turn_base_0"].details["turns"]  # one agent call per user turn, unless BFCL's step cap ended it
+    assert len(log) == len(user_turns) or log[-1]["stop_reason"] == "max_turns"
+    html = (write_outputs(store, "bfcl", tmp_path / "out")[2]).read_text()
+    assert "expected" in html

@@ -76,9 +76,14 @@ class HFEngine(Engine):
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
-            await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this batch
-            while not self._queue.empty() and len(batch) < self.max_batch:
-                batch.append(self._queue.get_nowait())
+            # Let concurrent callers join this batch: keep gathering while requests arrive less than
+            # batch_wait_s apart (callers that render their prompts one after another), for at most 10 waits.
+            deadline = loop.time() + 10 * self.batch_wait_s
+            while len(batch) < self.max_batch and (left := deadline - loop.time()) > 0:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), min(self.batch_wait_s, left)))
+                except TimeoutError:
+                    break
             batch = [r for r in batch if not r.future.cancelled()]
             if not batch:
                 continue

@@ -67,6 +67,8 @@ class MathGrader:
         return self._pool
 
     async def grade(self, text: str, gold: str) -> MathGrade:
+        if extract_answer(text) is None:  # nothing to compare: no process needed
+            return MathGrade(False, None, "no_answer")
         loop = asyncio.get_running_loop()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers)
