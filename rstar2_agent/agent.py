@@ -17,6 +17,7 @@ from typing import Any
 
 from .chat_format import ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
 from .engines.base import Engine, EngineError, SamplingParams
+from .engines.replicas import one_trajectory
 from .sandbox.tools import SESSION_TOOL, STATELESS_TOOL
 from .sandbox.types import ExecResult, Sandbox, Status
 from .trajectory import ToolCallRecord, Trajectory, Turn
@@ -45,6 +46,7 @@ Execute = Callable[[str, dict[str, Any]], Awaitable[str]]
 OnEvent = Callable[[str, Any], None]
 
 
+@one_trajectory  # its engine requests form one trajectory: a replica pool keeps them on one replica
 async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox: Sandbox, fmt: ChatFormat,
                     config: AgentConfig | None = None, *, tools: list[dict[str, Any]] | None = None,
                     session: str | None = None, on_event: OnEvent | None = None,

@@ -110,6 +110,49 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
     console.print(table)
 
 
+
+@engines_group.command("simulate")
+@click.option("--replicas", default="8,64", show_default=True, help="Replica counts, comma-separated.")
+@click.option("--rollouts", type=click.IntRange(1), default=8192, show_default=True,
+              help="Rollouts in the step (paper: 512 prompts x 16).")
+@click.option("--workload", type=click.Choice(["longtail", "recorded"]), default="longtail", show_default=True,
+              help="longtail: shaped like the paper's; recorded: resampled from --db (default: a SmolLM2 sample).")
+@click.option("--db", default=None, help="A store (path or SQLAlchemy URL) for --workload recorded.")
+@click.option("--kv-tokens", type=click.IntRange(1), default=500_000, show_default=True, help="KV cache per replica.")
+@click.option("--budget", type=click.IntRange(1), default=12_288, show_default=True,
+              help="Max response tokens of a rollout.")
+@click.option("--reserve", type=click.IntRange(1), default=None,
+              help="Also run kv_aware overbooked: each rollout reserves prompt + this many tokens.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, reserve, seed, json_out) -> None:
+    """Simulate one RL step of multi-turn rollouts over engine replicas under each placement policy."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .engines import rollout_sim as sim
+
+    counts = [int(x) for x in replicas.split(",") if x.strip()]
+    try:
+        shapes = (sim.longtail(rollouts, seed, budget=budget) if workload == "longtail"
+                  else sim.recorded(rollouts, seed, db))
+        rows = sim.compare(shapes, counts, sim.SimConfig(kv_tokens=kv_tokens, budget=budget), reserve)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    table = Table(title=f"one step of {rollouts} {workload} rollouts, {kv_tokens} KV tokens a replica")
+    for col in ("replicas", "policy", "makespan s", "vs static", "idle %", "preemptions", "recomputed tokens"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    static = {r.replicas: r.makespan for label, r in rows if label == "static"}
+    for label, r in rows:
+        table.add_row(str(r.replicas), label, f"{r.makespan:.0f}", f"{r.makespan / static[r.replicas] - 1:+.0%}",
+                      f"{r.idle * 100:.1f}", str(r.preemptions), str(r.recomputed))
+    Console().print(table)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump([{"label": label, **r.to_dict()} for label, r in rows], f, indent=1)
+
 def _serve_command() -> click.Command:
     from rstar2_agent.serve.cli import serve_cmd
 
@@ -126,6 +169,15 @@ def _eval_group() -> click.Group:
 
 
 main.add_command(_eval_group(), "eval")
+
+
+def _train_group() -> click.Group:
+    from rstar2_agent.train.cli import train_group
+
+    return train_group
+
+
+main.add_command(_train_group(), "train")
 
 
 @main.command("serve-bench")

@@ -1,0 +1,205 @@
+"""ReplicaPool policies (stub engines: they sleep instead of decoding), the rollout simulator, and a real run
+of the agent loop over two hf replicas of the embedded SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+
+from rstar2_agent.engines.base import Engine, Generation, SamplingParams
+from rstar2_agent.engines.replicas import POLICIES, ReplicaPool, current_trajectory, one_trajectory
+from rstar2_agent.engines.rollout_sim import SimConfig, longtail, recorded, simulate
+
+
+class StubEngine(Engine):
+    """Stands in for a model: each request sleeps `delay` seconds and returns `n` tokens."""
+
+    def __init__(self, delay: float = 0.01, n: int = 4, context_length: int = 4096):
+        self.delay, self.n, self.context_length = delay, n, context_length
+        self.tokenizer, self.model_path = None, "stub"
+        self.requests = 0
+
+    async def generate(self, prompt_ids, sampling, on_tokens=None) -> Generation:
+        self.requests += 1
+        await asyncio.sleep(self.delay)
+        return Generation([1] * self.n, [0.0] * self.n, "stop")
+
+
+@one_trajectory
+async def fake_agent(pool: ReplicaPool, turns: int = 3, prompt: int = 10, tool_s: float = 0.01,
+                     log: list | None = None) -> int:
+    """What run_agent does to an engine: a few turns on a growing context, a tool wait between them."""
+    ids = [0] * prompt
+    for _ in range(turns):
+        gen = await pool.generate(ids, SamplingParams(max_tokens=8))
+        ids += gen.token_ids
+        if log is not None:
+            log.append(current_trajectory.get().id)
+        await asyncio.sleep(tool_s)
+    return current_trajectory.get().id
+
+
+def replicas_of(pool: ReplicaPool) -> dict[int, set[int]]:
+    out = defaultdict(set)
+    for traj, replica in pool.history:
+        out[traj].add(replica)
+    return out
+
+
+def assert_released(pool: ReplicaPool) -> None:
+    assert all(ld.reserved == 0 and ld.trajectories == 0 and ld.in_flight == 0 for ld in pool.loads)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+async def test_every_turn_stays_on_its_replica_with_stub_engines(policy):
+    pool = ReplicaPool([StubEngine(), StubEngine()], policy, capacity_tokens=10_000, max_response_tokens=100)
+    await asyncio.gather(*(fake_agent(pool, turns=3) for _ in range(8)))
+    placed = replicas_of(pool)
+    assert len(placed) == 8 and all(len(r) == 1 for r in placed.values())  # sticky
+    assert {r for rs in placed.values() for r in rs} == {0, 1}  # both used
+    assert all(sum(1 for t, _ in pool.history if t == traj) == 3 for traj in placed)
+    assert_released(pool)
+
+
+async def test_kv_aware_waits_instead_of_overflowing_with_stub_engines():
+    # Each trajectory reserves 10 + 500 tokens; a replica of 1000 holds one at a time.
+    pool = ReplicaPool([StubEngine(), StubEngine()], "kv_aware", capacity_tokens=1000, max_response_tokens=500)
+    peak = [0, 0]
+
+    async def watch():
+        while True:
+            for i, ld in enumerate(pool.loads):
+                assert ld.reserved <= ld.capacity
+                peak[i] = max(peak[i], ld.trajectories)
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.gather(*(fake_agent(pool, turns=2) for _ in range(6)))
+    watcher.cancel()
+    assert peak == [1, 1]
+    assert len(replicas_of(pool)) == 6
+    assert_released(pool)
+
+
+async def test_kv_aware_admits_in_arrival_order_so_no_one_starves_with_stub_engines():
+    # One replica of 1000 tokens; a big trajectory (900) queued behind a running one must not be overtaken
+    # by the small ones (100) that arrive after it, although they would fit.
+    pool = ReplicaPool([StubEngine(delay=0.02)], "kv_aware", capacity_tokens=1000, max_response_tokens=90)
+    order: list[str] = []
+
+    async def run(name: str, prompt: int, delay: float):
+        await asyncio.sleep(delay)
+        pool.reserve_tokens = 890 if name == "big" else 90  # read when the trajectory is placed
+
+        @one_trajectory
+        async def go():
+            await pool.generate([0] * prompt, SamplingParams(max_tokens=8))
+            order.append(name)
+            await asyncio.sleep(0.03)
+        await go()
+
+    await asyncio.gather(run("first", 10, 0), run("big", 10, 0.005), *(run(f"small{i}", 10, 0.01) for i in range(3)))
+    assert order.index("big") < min(order.index(f"small{i}") for i in range(3))
+    assert_released(pool)
+
+
+async def test_least_outstanding_sends_new_trajectories_to_the_idler_replica_with_stub_engines():
+    slow, fast = StubEngine(delay=0.3), StubEngine(delay=0.005)
+    pool = ReplicaPool([slow, fast], "least_outstanding")
+    first = asyncio.create_task(fake_agent(pool, turns=1))  # takes replica 0 (both idle)
+    await asyncio.sleep(0.01)
+    for _ in range(5):  # one at a time while replica 0 is busy: all go to replica 1
+        await fake_agent(pool, turns=1)
+    await first
+    assert slow.requests == 1 and fast.requests == 5
+    assert_released(pool)
+
+
+async def test_least_outstanding_caps_live_trajectories_with_stub_engines():
+    pool = ReplicaPool([StubEngine(), StubEngine()], "least_outstanding", max_trajectories=2)
+    most = [0]
+
+    async def traj():
+        await fake_agent(pool, turns=2)
+        most[0] = max(most[0], *(ld.trajectories for ld in pool.loads))
+
+    await asyncio.gather(*(traj() for _ in range(10)))
+    assert most[0] <= 2 and len(replicas_of(pool)) == 10
+    assert_released(pool)
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_with_stub_engines():
+    pool = ReplicaPool([StubEngine(delay=0.05)], "kv_aware", capacity_tokens=1000, max_response_tokens=900)
+    running = asyncio.create_task(fake_agent(pool, turns=2))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(fake_agent(pool, turns=1))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await running
+    assert await fake_agent(pool, turns=1) is not None  # the queue is not blocked by the cancelled one
+    assert_released(pool)
+
+
+async def test_lone_requests_are_one_request_trajectories_with_stub_engines():
+    pool = ReplicaPool([StubEngine(), StubEngine()], "kv_aware", capacity_tokens=1000, max_response_tokens=900)
+    gens = await asyncio.gather(*(pool.generate([0] * 10, SamplingParams(max_tokens=8)) for _ in range(4)))
+    assert all(g.token_ids for g in gens) and len(replicas_of(pool)) == 4
+    assert_released(pool)
+
+
+# ---------------------------------------------------------------- the simulator
+def test_simulator_is_deterministic_for_a_seed():
+    cfg = SimConfig(replicas=4, kv_tokens=200_000)
+    a = simulate(longtail(512, seed=3), "static", cfg)
+    b = simulate(longtail(512, seed=3), "static", cfg)
+    assert a == b and a.generated == sum(sum(r.turns) for r in longtail(512, seed=3))
+    assert simulate(longtail(512, seed=4), "static", cfg) != a
+
+
+def test_kv_aware_beats_static_on_the_long_tail_in_simulation():
+    rollouts = longtail(2048, seed=0)
+    cfg = SimConfig(replicas=2, kv_tokens=500_000)
+    static = simulate(rollouts, "static", cfg)
+    strict = simulate(rollouts, "kv_aware", cfg)
+    overbooked = simulate(rollouts, "kv_aware", SimConfig(replicas=2, kv_tokens=500_000, reserve=4000))
+    assert static.preemptions > 0 and strict.preemptions == 0 and strict.recomputed == 0
+    assert overbooked.makespan < 0.8 * static.makespan
+    assert all(r.generated == static.generated for r in (strict, overbooked))
+
+
+def test_simulator_replays_recorded_trajectories():
+    rollouts = recorded(256, seed=0)
+    results = [simulate(rollouts, p, SimConfig(replicas=2, kv_tokens=50_000, budget=1024)) for p in POLICIES]
+    assert all(r.makespan > 0 and r.rollouts == 256 for r in results)
+
+
+# ---------------------------------------------------------------- a real run: two hf replicas of SmolLM2
+@pytest.mark.slow
+async def test_agent_loop_over_two_hf_replicas_under_each_policy(smol, sandbox):
+    from rstar2_agent.agent import AgentConfig, run_agent
+    from rstar2_agent.chat_format import ChatFormat
+    from rstar2_agent.engines.hf import HFEngine
+
+    first = HFEngine(smol.path, context_length=2048)
+    second = HFEngine(smol.path, context_length=2048, model=first.model, tokenizer=first.tokenizer)  # same weights
+    fmt = ChatFormat(first.tokenizer, "markdown")
+    cfg = AgentConfig(max_turns=2, max_response_tokens=96, sampling=SamplingParams(temperature=0.8, max_tokens=48))
+    try:
+        for policy in POLICIES:
+            pool = ReplicaPool([first, second], policy, max_response_tokens=cfg.max_response_tokens)
+            before = (first.batches, second.batches)
+            trajs = await asyncio.gather(*(run_agent("What is 2**100? Use Python.", pool, sandbox, fmt, cfg)
+                                           for _ in range(4)))
+            assert all(t.stop_reason and t.turns for t in trajs)
+            placed = replicas_of(pool)
+            assert len(placed) == 4 and all(len(r) == 1 for r in placed.values()), policy
+            assert {r for rs in placed.values() for r in rs} == {0, 1}, policy
+            assert first.batches > before[0] and second.batches > before[1]
+            assert_released(pool)
+    finally:
+        await first.close()
+        await second.close()
