@@ -24,6 +24,8 @@ class Graded:
     tool_calls: int = 0
     tool_errors: int = 0
     stop_reason: str = ""
+    first_turn_call: bool = False  # the first turn made well-formed tool calls
+    answer_block: bool = False  # the answer is in <answer>\boxed{}</answer>
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -90,5 +92,7 @@ def summarize(samples: Iterable[Graded], bootstrap: int = 1000, seed: int = 0) -
         "mean_tool_calls": float(np.mean([s.tool_calls for s in flat])),
         "tool_error_rate": sum(s.tool_errors for s in flat) / calls if calls else 0.0,
         "stop_reasons": dict(Counter(s.stop_reason for s in flat).most_common()),
+        "first_turn_call_rate": float(np.mean([s.first_turn_call for s in flat])),
+        "answer_block_rate": float(np.mean([s.answer_block for s in flat])),
         "per_problem": sorted(problems, key=lambda p: p["problem_id"]),
     }

@@ -26,8 +26,9 @@ class BenchResult:
 
 
 def graded(s: Sample) -> Graded:
+    fmt = (s.details or {}).get("format") or {}
     return Graded(s.problem_id, s.sample_index, s.correct, s.answer, s.tokens, s.tool_calls, s.tool_errors,
-                  s.stop_reason)
+                  s.stop_reason, bool(fmt.get("first_turn_call")), bool(fmt.get("answer_block")))
 
 
 def load(store: Store, name: str) -> list[BenchResult]:
@@ -106,8 +107,10 @@ def results_table(results: list[BenchResult], title: str) -> Table:
                       f"{_pct(s['ci95'][0])}-{_pct(s['ci95'][1])}", _pct(s["pass_at_k"][n]), _pct(s["maj"]),
                       f"{s['mean_tokens']:.0f}", f"{s['mean_tool_calls']:.2f}", _pct(s["tool_error_rate"]),
                       str(r.errors))
-        stops.append(f"{r.run.benchmark}: " + ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items()))
-    table.caption = "stop reasons: " + "; ".join(stops) if stops else None
+        stops.append(f"{r.run.benchmark}: stops " + ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items())
+                     + f"; first turn a well-formed tool call {_pct(s['first_turn_call_rate'])}%, answer in "
+                     f"<answer>\\boxed{{}}</answer> {_pct(s['answer_block_rate'])}%")
+    table.caption = "\n".join(stops) if stops else None
     return table
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import answer_blocks, last_boxed
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.store import Sample, Store
 
@@ -78,9 +79,18 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
     return agent
 
 
+def format_check(traj) -> dict[str, bool]:
+    """What the SFT stage teaches: the first turn makes well-formed tool calls; the answer is in
+    <answer>\\boxed{}</answer>."""
+    first = traj.turns[0].tool_calls if traj.turns else []
+    return {"first_turn_call": bool(first) and all(c.error is None for c in first),
+            "answer_block": any(last_boxed(b) is not None for b in answer_blocks(traj.text))}
+
+
 def to_sample(run_id: int, problem: Problem, index: int, out: Outcome, attempts: int) -> Sample:
     traj = out.trajectory
     failed = traj.stop_reason == "engine_error"
+    out.details.setdefault("format", format_check(traj))
     return Sample(run_id=run_id, problem_id=problem.id, sample_index=index, status="error" if failed else "ok",
                   correct=out.correct, answer=out.predicted, gold=out.gold, reason=out.reason,
                   stop_reason=traj.stop_reason, tokens=sum(t.num_tokens for t in traj.turns),

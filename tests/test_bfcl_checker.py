@@ -1,5 +1,6 @@
 """BFCL v3 checking against bfcl_eval's own answer files: calls built from the possible answers pass, broken ones
-fail, multi-turn ground truth replays to 1; and the benchmark end to end with a scripted agent (the real model is in test_eval_run.py)."""
+fail, multi-turn ground truth replays to 1; and the benchmark end to end with a scripted agent
+(the real model: test_eval_run.py)."""
 
 from __future__ import annotations
 

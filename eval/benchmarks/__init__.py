@@ -8,10 +8,12 @@ from .base import Benchmark, Context, DataError, Outcome, Problem
 from .gpqa_diamond import GPQADiamond
 from .hmmt25 import HMMT25
 from .math500 import MATH500
+from .synthetic import Synthetic
 
 __all__ = ["BENCHMARKS", "Benchmark", "Context", "DataError", "Outcome", "Problem", "get_benchmark"]
 
-BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond)}
+BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond,
+                                                                    Synthetic)}
 
 
 def get_benchmark(name: str) -> Benchmark:

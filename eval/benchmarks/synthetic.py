@@ -1,0 +1,19 @@
+"""Held-out synthetic tool-use problems (train/synthetic.py with a seed training does not use): integer
+answers a short program computes. Measures what the SFT stage teaches: a well-formed tool call in the first
+turn and the answer in <answer>\\boxed{}</answer> (see the format shares in the report)."""
+
+from __future__ import annotations
+
+from .base import MathBenchmark, Problem
+
+HELD_OUT_SEED = 1_000_003  # training recipes use small seeds
+
+
+class Synthetic(MathBenchmark):
+    name = "synth"
+    count = 200
+
+    def load(self, data_dir=None, limit=None):
+        from rstar2_agent.train.synthetic import problems
+
+        return [Problem(p.id, p.question, p.answer) for p in problems(HELD_OUT_SEED, limit or self.count)]

@@ -1,0 +1,156 @@
+"""SFT data: OpenAI-style chat JSONL (messages with `tool_calls` and `tool` turns, plus `tools`) rendered
+through the shared chat format, so training sees the tokens serving produces; the loss covers assistant
+tokens only (their text, tool calls and end-of-turn token), never prompts or tool responses; examples are
+packed into fixed-length rows with a block-diagonal attention mask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rstar2_agent.chat_format import ChatFormat
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """Training data that cannot be used; the message names the file and line."""
+
+
+@dataclass
+class Example:
+    ids: list[int]
+    mask: list[int]  # 1 where the token is an assistant token (a training target)
+
+
+@dataclass
+class DataStats:
+    lines: int = 0
+    bad_lines: list[int] = field(default_factory=list)  # line numbers skipped as malformed
+    dropped_long: int = 0
+    truncated: int = 0
+    examples: int = 0
+    tokens: int = 0
+    target_tokens: int = 0
+
+
+def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | None = None
+               ) -> Iterator[dict[str, Any]]:
+    """Records of a chat JSONL file; a malformed line is logged with its number and skipped, or fatal."""
+    stats = stats or DataStats()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            stats.lines += 1
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+                    raise ValueError('a record must be an object with a "messages" list')
+            except ValueError as e:
+                if on_bad_line == "fail":
+                    raise DataError(f"{path}:{lineno}: {e}; fix the line or set on_bad_line: skip") from e
+                log.warning("%s:%d: skipped, %s", path, lineno, e)
+                stats.bad_lines.append(lineno)
+                continue
+            yield record
+
+
+def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
+    """Token ids of the whole conversation and the assistant-token mask, from the chat template's text: each
+    assistant message spans from after its header to its end-of-turn token, found by rendering prefixes."""
+    messages = fmt.messages_for(record["messages"], record.get("tools"))
+    full = fmt._apply(messages, add_generation_prompt=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = len(fmt._apply(messages[:i], add_generation_prompt=True))
+        end = start + len(m["content"])
+        if not full.startswith(m["content"], start):
+            raise DataError("the chat template does not render conversations prefix by prefix; it cannot be "
+                            "used for SFT with assistant-only loss")
+        if full.startswith(fmt.eos_text, end):
+            end += len(fmt.eos_text)  # learn to end the turn
+        spans.append((start, end))
+    enc = fmt.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
+    return Example(list(enc["input_ids"]), mask)
+
+
+def load_examples(fmt: ChatFormat, records: list[dict[str, Any]], max_len: int, overlong: str = "drop",
+                  stats: DataStats | None = None) -> list[Example]:
+    """Render every record; one longer than max_len is dropped or truncated (counted either way)."""
+    stats = stats or DataStats()
+    out = []
+    for record in records:
+        ex = render(fmt, record)
+        if len(ex.ids) > max_len:
+            if overlong == "drop":
+                stats.dropped_long += 1
+                continue
+            stats.truncated += 1
+            ex = Example(ex.ids[:max_len], ex.mask[:max_len])
+        if not any(ex.mask):
+            continue
+        out.append(ex)
+        stats.examples += 1
+        stats.tokens += len(ex.ids)
+        stats.target_tokens += sum(ex.mask)
+    return out
+
+
+@dataclass
+class Row:
+    """One packed training row: several examples end to end."""
+    docs: list[Example]
+
+    @property
+    def length(self) -> int:
+        return sum(len(d.ids) for d in self.docs)
+
+
+def pack(examples: list[Example], seq_len: int, seed: int) -> list[Row]:
+    """First-fit packing of the examples (in a seeded order) into rows of at most seq_len tokens."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    rows: list[Row] = []
+    for i in order:
+        ex = examples[i]
+        row = next((r for r in rows if r.length + len(ex.ids) <= seq_len), None)
+        if row is None:
+            rows.append(Row([ex]))
+        else:
+            row.docs.append(ex)
+    return rows
+
+
+def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """input_ids, labels (-100 off target), position_ids restarting per example, and a (B, 1, L, L) boolean
+    block-diagonal causal attention mask so packed examples do not see each other."""
+    width = max(r.length for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    doc = torch.full((len(rows), width), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        at = 0
+        for d, ex in enumerate(row.docs):
+            n = len(ex.ids)
+            ids[b, at:at + n] = torch.tensor(ex.ids)
+            labels[b, at:at + n] = torch.where(torch.tensor(ex.mask, dtype=torch.bool), torch.tensor(ex.ids), -100)
+            pos[b, at:at + n] = torch.arange(n)
+            doc[b, at:at + n] = d
+            at += n
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    mask = (doc[:, :, None] == doc[:, None, :]) & causal & (doc[:, :, None] >= 0)
+    mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no all-masked rows)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask[:, None]}

@@ -1,0 +1,67 @@
+"""Recipes: a dataclass filled from a YAML file in train/recipes/, overridden by `key=value` arguments
+(dotted keys reach nested dataclasses: `optim.lr=2e-5`), and saved with every run."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+RECIPES = Path(__file__).parent / "recipes"
+
+
+class RecipeError(ValueError):
+    """A recipe or an override that does not fit the config; the message names the key."""
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A path, or the name of a file in train/recipes/ (with or without .yaml)."""
+    for p in (Path(name_or_path), RECIPES / name_or_path, RECIPES / f"{name_or_path}.yaml"):
+        if p.is_file():
+            return p
+    known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+    raise RecipeError(f"no recipe {name_or_path!r}: give a YAML file or one of {known}")
+
+
+def build(cls: type[T], values: dict[str, Any], where: str = "") -> T:
+    """A dataclass from a dict, nested dataclasses included; unknown keys are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise RecipeError(f"unknown key(s) {', '.join(sorted(where + k for k in unknown))}; "
+                          f"{cls.__name__} has {', '.join(fields)}")
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = build(hint, value, f"{where}{key}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...] = ()) -> T:
+    values: dict[str, Any] = {}
+    if recipe:
+        loaded = yaml.safe_load(find_recipe(recipe).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise RecipeError(f"{recipe}: a recipe is a YAML mapping of settings")
+        values = loaded
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r} must be key=value (e.g. optim.lr=2e-5)")
+        key, raw = item.split("=", 1)
+        node = values
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = yaml.safe_load(raw) if raw else ""
+    return build(cls, values)
+
+
+def dump(config: Any) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

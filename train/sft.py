@@ -1,0 +1,191 @@
+"""`rstar2 train sft`: the non-reasoning SFT stage (instruction following, the tool-call and answer formats).
+
+Data (chat records, see converters.py) is rendered through the shared chat format with an assistant-only
+loss mask, packed, and trained for `epochs` (or `max_steps`) with the learner. Every step's metrics go to the
+store; checkpoints are HF folders plus the trainer state, and `resume` continues from the last one exactly:
+the data order is a function of (seed, epoch) and the position is the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.models import resolve_model
+from rstar2_agent.store import Store
+
+from .chat_data import DataStats, Row, collate, load_examples, pack
+from .converters import load_records
+from .learner import Learner, OptimConfig
+from .recipe import dump
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTConfig:
+    model: str = "smollm2-135m"  # registry name, folder or hub id
+    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see converters.load_records
+    seq_len: int = 1024  # packed row length; longer conversations are dropped or truncated (`overlong`)
+    micro_batch: int = 4  # packed rows per forward pass
+    grad_accum: int = 1  # micro-batches per optimizer step (per process)
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
+    gradient_checkpointing: bool = False
+    tool_protocol: str = "hermes"
+    seed: int = 0
+    out: str = "runs/sft"
+    save_every: int = 0  # steps; 0: only at the end
+    on_bad_line: str = "skip"  # skip or fail
+    overlong: str = "drop"  # drop or truncate
+    db: str | None = None  # the store (default $RSTAR2_HOME/rstar2.db)
+    run: str | None = None  # run name in the store (default: the out folder's name)
+    tensorboard: bool = False  # when installed
+    wandb_project: str | None = None  # when installed
+
+
+def checkpoints(out: str | Path) -> list[Path]:
+    return sorted(Path(out).glob("checkpoint-*[0-9]"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 1000003 + epoch).shuffle(order)
+    return order
+
+
+def step_rows(rows: list[Row], step: int, per_step: int, seed: int) -> list[Row]:
+    """The rows of optimizer step `step`: a pure function of (seed, step), so a resume takes the same ones."""
+    steps_per_epoch = max(1, len(rows) // per_step)
+    epoch, k = divmod(step, steps_per_epoch)
+    order = epoch_order(len(rows), seed, epoch)
+    return [rows[i] for i in order[k * per_step:(k + 1) * per_step]]
+
+
+class SFTRun:
+    def __init__(self, cfg: SFTConfig, resume: bool = False):
+        self.cfg = cfg
+        resolved = resolve_model(cfg.model)
+        last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
+        if resume and last is None:
+            log.warning("nothing to resume in %s: starting from %s", cfg.out, cfg.model)
+        self.stats = DataStats()
+        records = [r for src in cfg.data for r in load_records(src, cfg.on_bad_line, self.stats)]
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        self.fmt = ChatFormat(tokenizer, cfg.tool_protocol, resolved.spec.chat_template)
+        examples = load_examples(self.fmt, records, cfg.seq_len, cfg.overlong, self.stats)
+        if not examples:
+            raise ValueError(f"no usable training examples in {cfg.data} (see the warnings above)")
+        self.rows = pack(examples, cfg.seq_len, cfg.seed)
+        self.learner_init = (str(last) if last else resolved.path)
+        self.base_spec = resolved.spec
+        self.last = last
+
+    def prepare(self) -> Learner:
+        cfg = self.cfg
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.per_step = cfg.micro_batch * cfg.grad_accum * self.world
+        steps_per_epoch = max(1, len(self.rows) // self.per_step)
+        self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        learner = Learner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
+                          gradient_checkpointing=cfg.gradient_checkpointing)
+        if self.last is not None:
+            learner.load_state(self.last)
+        return learner
+
+    def train_step(self, learner: Learner) -> dict[str, float]:
+        cfg = self.cfg
+        rows = step_rows(self.rows, learner.step, self.per_step, cfg.seed)
+        mine = rows[learner.rank::self.world]
+        denominator = sum(sum(ex.mask) for r in rows for ex in r.docs)
+        t0 = time.perf_counter()
+        loss = 0.0
+        for i in range(0, len(mine), cfg.micro_batch):
+            part = learner.sft_loss(collate(mine[i:i + cfg.micro_batch], self.fmt.tokenizer.pad_token_id or 0),
+                                    denominator)
+            part.backward()
+            loss += part.item()
+        if self.world > 1:
+            t = torch.tensor([loss], device=learner.device)
+            torch.distributed.all_reduce(t)
+            loss = t.item()
+        out = learner.optimizer_step()
+        tokens = sum(r.length for r in rows)
+        return {"loss": loss, "tokens_per_s": tokens / (time.perf_counter() - t0), "target_tokens": denominator, **out}
+
+    def save(self, learner: Learner) -> Path:
+        meta = {"tool_protocol": self.cfg.tool_protocol, "context_length": self.base_spec.context_length,
+                "trained_from": self.cfg.model, "stage": "sft", "step": learner.step}
+        return learner.save(Path(self.cfg.out) / f"checkpoint-{learner.step}", {}, meta)
+
+
+def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, dict[str, float]], None] | None = None
+            ) -> tuple[Path, list[dict[str, float]]]:
+    """Train; returns the final checkpoint folder and each step's metrics."""
+    run = SFTRun(cfg, resume)
+    learner = run.prepare()
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.out) / "recipe.yaml").write_text(dump(cfg))
+    store = Store(cfg.db) if learner.rank == 0 else None
+    run_row = store.open_run(cfg.run or Path(cfg.out).resolve().name, "sft", cfg.model, {},
+                             {"recipe": dataclasses.asdict(cfg), "data": dataclasses.asdict(run.stats),
+                              "rows": len(run.rows), "total_steps": run.total}, kind="sft") if store else None
+    trackers = _trackers(cfg) if learner.rank == 0 else []
+    history = []
+    try:
+        while learner.step < run.total:
+            metrics = run.train_step(learner)
+            history.append(metrics)
+            if store:
+                store.add_metrics(run_row.id, learner.step, metrics)
+            for track in trackers:
+                track(learner.step, metrics)
+            if on_step:
+                on_step(learner.step, run.total, metrics)
+            if cfg.save_every and learner.step % cfg.save_every == 0 and learner.step < run.total:
+                run.save(learner)
+        final = run.save(learner)
+        if store:
+            store.set_status(run_row.id, "finished")
+    except BaseException:
+        if store:
+            store.set_status(run_row.id, "interrupted")
+        raise
+    return final, history
+
+
+def _trackers(cfg: SFTConfig) -> list[Callable[[int, dict[str, float]], None]]:
+    """TensorBoard and Weights & Biases, each only when asked for and installed."""
+    out = []
+    if cfg.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(Path(cfg.out) / "tensorboard"))
+            out.append(lambda step, m: [writer.add_scalar(k, v, step) for k, v in m.items()])
+        except ImportError:
+            log.warning("tensorboard is not installed; pip install tensorboard")
+    if cfg.wandb_project:
+        try:
+            import wandb
+
+            wandb.init(project=cfg.wandb_project, name=cfg.run or Path(cfg.out).name,
+                       config=dataclasses.asdict(cfg))
+            out.append(lambda step, m: wandb.log(m, step=step))
+        except ImportError:
+            log.warning("wandb is not installed; pip install wandb")
+    return out
