@@ -123,9 +123,12 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
               help="Max response tokens of a rollout.")
 @click.option("--reserve", type=click.IntRange(1), default=None,
               help="Also run kv_aware overbooked: each rollout reserves prompt + this many tokens.")
+@click.option("--quantile", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.9,
+              show_default=True, help="Adaptive kv_aware: reserve up to this quantile of the learned lengths.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, reserve, seed, json_out) -> None:
+def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, reserve, quantile, seed,
+                         json_out) -> None:
     """Simulate one RL step of multi-turn rollouts over engine replicas under each placement policy."""
     import json
 
@@ -136,18 +139,22 @@ def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, re
 
     counts = [int(x) for x in replicas.split(",") if x.strip()]
     try:
-        shapes = (sim.longtail(rollouts, seed, budget=budget) if workload == "longtail"
-                  else sim.recorded(rollouts, seed, db))
-        rows = sim.compare(shapes, counts, sim.SimConfig(kv_tokens=kv_tokens, budget=budget), reserve)
+        def step(s: int) -> list:
+            return sim.longtail(rollouts, s, budget=budget) if workload == "longtail" else sim.recorded(rollouts, s, db)
+
+        # "later step": the adaptive pool has learned from the step before (the same workload, another seed)
+        rows = sim.compare(step(seed), counts, sim.SimConfig(kv_tokens=kv_tokens, budget=budget), reserve, quantile,
+                           prior=step(seed + 1))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     table = Table(title=f"one step of {rollouts} {workload} rollouts, {kv_tokens} KV tokens a replica")
-    for col in ("replicas", "policy", "makespan s", "vs static", "idle %", "preemptions", "recomputed tokens"):
+    for col in ("replicas", "policy", "makespan s", "vs static", "idle %", "preemptions", "recomputed tokens",
+                "pool waits", "overflows"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     static = {r.replicas: r.makespan for label, r in rows if label == "static"}
     for label, r in rows:
         table.add_row(str(r.replicas), label, f"{r.makespan:.0f}", f"{r.makespan / static[r.replicas] - 1:+.0%}",
-                      f"{r.idle * 100:.1f}", str(r.preemptions), str(r.recomputed))
+                      f"{r.idle * 100:.1f}", str(r.preemptions), str(r.recomputed), str(r.waits), str(r.overflows))
     Console().print(table)
     if json_out:
         with open(json_out, "w") as f:

@@ -74,11 +74,14 @@ def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:
     for spec in REGISTRY.values():
         if spec.hub_id and hub_id and spec.hub_id.lower() == hub_id.lower():
             return spec
-    context = 32768
+    context, protocol = 32768, "hermes"
     if path is not None and (path / "config.json").exists():
         config = json.loads((path / "config.json").read_text())
         context = int(config.get("max_position_embeddings") or context)
-    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, context_length=context)
+    if path is not None and (path / "rstar2.json").exists():  # our checkpoints say how they were trained
+        meta = json.loads((path / "rstar2.json").read_text())
+        protocol, context = meta.get("tool_protocol", protocol), int(meta.get("context_length") or context)
+    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, tool_protocol=protocol, context_length=context)
 
 
 def _download(hub_id: str) -> str:

@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 from rstar2_agent.engines.base import Engine, Generation, SamplingParams
-from rstar2_agent.engines.replicas import POLICIES, ReplicaPool, current_trajectory, one_trajectory
+from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool, current_trajectory, one_trajectory
 from rstar2_agent.engines.rollout_sim import SimConfig, longtail, recorded, simulate
 
 
@@ -49,7 +49,7 @@ def replicas_of(pool: ReplicaPool) -> dict[int, set[int]]:
 
 
 def assert_released(pool: ReplicaPool) -> None:
-    assert all(ld.reserved == 0 and ld.trajectories == 0 and ld.in_flight == 0 for ld in pool.loads)
+    assert all(ld.reserved == ld.trajectories == ld.in_flight == ld.used == ld.pending == 0 for ld in pool.loads)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -63,9 +63,11 @@ async def test_every_turn_stays_on_its_replica_with_stub_engines(policy):
     assert_released(pool)
 
 
-async def test_kv_aware_waits_instead_of_overflowing_with_stub_engines():
+@pytest.mark.parametrize("quantile", [None, 0.9])  # strict, and adaptive before it has learned anything
+async def test_kv_aware_waits_instead_of_overflowing_with_stub_engines(quantile):
     # Each trajectory reserves 10 + 500 tokens; a replica of 1000 holds one at a time.
-    pool = ReplicaPool([StubEngine(), StubEngine()], "kv_aware", capacity_tokens=1000, max_response_tokens=500)
+    pool = ReplicaPool([StubEngine(), StubEngine()], "kv_aware", capacity_tokens=1000, max_response_tokens=500,
+                       reserve_quantile=quantile)
     peak = [0, 0]
 
     async def watch():
@@ -151,13 +153,80 @@ async def test_lone_requests_are_one_request_trajectories_with_stub_engines():
     assert_released(pool)
 
 
+# ---------------------------------------------------------------- adaptive kv_aware: the length model, growing
+def test_length_model_reserves_a_conditional_quantile_and_is_not_fooled_by_early_finishers():
+    model = LengthModel(budget=12_288, quantile=0.9)
+    assert model.reservation(300, 0) == 300 + 12_288  # nothing learned: the whole budget
+    model.learn([[500, 500]] * 90 + [[4000, 4000, 4000]] * 10)  # 90% end at 1000 tokens, 10% at 12000
+    assert model.reservation(300, 0) == 300 + 1024  # the 90% quantile of the final length (on 256-token bins)
+    # past 1000 only the long ones are left (too few to estimate: the budget), so one turn ahead: the 90%
+    # quantile of a turn's tokens (30 of the 210 turns are 4000)
+    assert model.reservation(300, 1000) == 300 + 1000 + 4000
+    assert model.reservation(300, 12_000) == 300 + 12_288  # never past the budget
+
+    def early(live_seen_at: int) -> LengthModel:
+        m = LengthModel(budget=12_288, quantile=0.9)
+        for key in range(1000):
+            m.update(key, 0)
+        for key in range(40):  # the first to finish are short; 960 are still running
+            m.finish(key, 800)
+        for key in range(40, 1000):
+            m.update(key, live_seen_at)
+        m.reservation(0, 0)
+        return m
+
+    # The live ones as last seen: at their start, they say nothing, and the estimate is what the finished say;
+    # seen past 800 tokens, they are censored samples that keep "all end at 800" from being believed.
+    assert early(0)._upper[0] == 1024
+    assert early(2000)._upper[0] == 12_288
+
+
+async def test_adaptive_reservation_grows_and_the_kv_held_never_passes_capacity_with_stub_engines():
+    lengths = LengthModel(budget=500, quantile=0.9, bin=16, min_samples=8)
+    lengths.learn([[40, 40, 40]] * 64)  # turns of ~40 tokens: a trajectory needs ~50 tokens of look-ahead
+    pool = ReplicaPool([StubEngine(n=40), StubEngine(n=40)], "kv_aware", capacity_tokens=600,
+                       max_response_tokens=500, lengths=lengths)
+    reserved: dict[int, list[int]] = defaultdict(list)
+    seen = {"overflows": 0, "peak": 0}
+
+    async def watch():
+        while True:
+            for ld in pool.loads:
+                assert ld.used <= ld.capacity or pool.overflows > seen["overflows"]
+                assert ld.reserved >= ld.used and ld.pending >= 0
+                seen["peak"] = max(seen["peak"], ld.trajectories)
+            for traj, placed in pool._placed.items():
+                reserved[traj].append(placed.reserved)
+            seen["overflows"] = pool.overflows
+            await asyncio.sleep(0.001)
+
+    watcher = asyncio.create_task(watch())
+    ids = await asyncio.gather(*(fake_agent(pool, turns=3, tool_s=0.005) for _ in range(40)))
+    watcher.cancel()
+    assert len(set(ids)) == 40 and len(replicas_of(pool)) == 40  # all placed, all done: no one starved
+    assert 1 < seen["peak"] < 20  # fuller than strict (one at a time), but admission still holds them back
+    assert any(r[-1] > r[0] for r in reserved.values() if r)  # reservations grew with their trajectories
+    assert_released(pool)
+
+
+async def test_a_replica_where_every_trajectory_waits_to_grow_lets_one_go_as_an_overflow_with_stub_engines():
+    lengths = LengthModel(budget=500, quantile=0.9, bin=16, min_samples=8)
+    lengths.learn([[40, 40, 40]] * 64)
+    pool = ReplicaPool([StubEngine(n=40)], "kv_aware", capacity_tokens=160, max_response_tokens=500,
+                       lengths=lengths)  # ~50 tokens each: three fit, then none can grow
+    await asyncio.gather(*(fake_agent(pool, turns=3, tool_s=0.005) for _ in range(6)))
+    assert pool.overflows > 0 and len(replicas_of(pool)) == 6
+    assert_released(pool)
+
+
 # ---------------------------------------------------------------- the simulator
-def test_simulator_is_deterministic_for_a_seed():
-    cfg = SimConfig(replicas=4, kv_tokens=200_000)
-    a = simulate(longtail(512, seed=3), "static", cfg)
-    b = simulate(longtail(512, seed=3), "static", cfg)
+@pytest.mark.parametrize("policy,quantile", [("static", None), ("kv_aware", 0.9)])
+def test_simulator_is_deterministic_for_a_seed(policy, quantile):
+    cfg = SimConfig(replicas=4, kv_tokens=200_000, quantile=quantile)
+    a = simulate(longtail(512, seed=3), policy, cfg)
+    b = simulate(longtail(512, seed=3), policy, cfg)
     assert a == b and a.generated == sum(sum(r.turns) for r in longtail(512, seed=3))
-    assert simulate(longtail(512, seed=4), "static", cfg) != a
+    assert simulate(longtail(512, seed=4), policy, cfg) != a
 
 
 def test_kv_aware_beats_static_on_the_long_tail_in_simulation():
@@ -169,6 +238,21 @@ def test_kv_aware_beats_static_on_the_long_tail_in_simulation():
     assert static.preemptions > 0 and strict.preemptions == 0 and strict.recomputed == 0
     assert overbooked.makespan < 0.8 * static.makespan
     assert all(r.generated == static.generated for r in (strict, overbooked))
+
+
+def test_adaptive_kv_aware_cuts_the_long_tail_step_by_30_percent_at_8_replicas_in_simulation():
+    # The figure: 8192 long-tailed rollouts (512 prompts x 16) over 8 replicas of 500K KV tokens.
+    # Static: vLLM's FIFO admission, preempting and recomputing on overflow. Adaptive kv_aware in a step after
+    # the first (it learned lengths from the previous step: another seed) is 30.1% faster; in the first step,
+    # learning as it goes, 27.6%. Margins are thin: a change that costs 0.2% fails this test, on purpose.
+    rollouts, cfg = longtail(8192, seed=0), SimConfig(replicas=8, kv_tokens=500_000)
+    static = simulate(rollouts, "static", cfg)
+    adaptive = SimConfig(replicas=8, kv_tokens=500_000, quantile=0.9)
+    later = simulate(rollouts, "kv_aware", adaptive, prior=longtail(8192, seed=1))
+    first = simulate(rollouts, "kv_aware", adaptive)
+    assert later.makespan <= 0.70 * static.makespan
+    assert first.makespan <= 0.73 * static.makespan
+    assert later.preemptions < 0.01 * static.preemptions and later.generated == static.generated
 
 
 def test_simulator_replays_recorded_trajectories():

@@ -24,15 +24,6 @@ def train_group() -> None:
 @click.argument("overrides", nargs=-1)
 def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from rstar2_agent.models import ModelError
 
     from . import recipe as recipes
@@ -43,13 +34,8 @@ def sft_cmd(recipe, resume, overrides) -> None:
         cfg = recipes.load(SFTConfig, recipe, overrides)
     except RecipeError as e:
         raise click.UsageError(str(e)) from e
-    bar = Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
-    task = bar.add_task("sft", total=None, info="preparing data and model")
-
-    def on_step(step: int, total: int, m: dict[str, float]) -> None:
-        bar.update(task, total=total, completed=step, info=f"loss {m['loss']:.4f} lr {m['lr']:.2e} "
-                   f"gnorm {m['grad_norm']:.2f} {m['tokens_per_s']:.0f} tok/s")
+    bar, on_step = _progress("sft", lambda m: f"loss {m['loss']:.4f} lr {m['lr']:.2e} gnorm {m['grad_norm']:.2f} "
+                                              f"{m['tokens_per_s']:.0f} tok/s")
 
     try:
         with bar:
@@ -59,6 +45,70 @@ def sft_cmd(recipe, resume, overrides) -> None:
     click.echo(f"checkpoint: {final}  (use it anywhere with --model {final})")
     if history:
         click.echo(f"loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f} over {len(history)} steps")
+
+
+@train_group.command("rl", context_settings={"ignore_unknown_options": True})
+@click.option("--recipe", default="rl-smollm2-cpu", show_default=True,
+              help="A YAML file, or a recipe name in train/recipes/.")
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in the recipe's `out` folder.")
+@click.argument("overrides", nargs=-1)
+def rl_cmd(recipe, resume, overrides) -> None:
+    """GRPO-RoC RL in stages; OVERRIDES are key=value (e.g. roc=false out=runs/grpo prompts_per_step=8)."""
+    import asyncio
+
+    from rstar2_agent.models import ModelError
+
+    from . import recipe as recipes
+    from .rl import RLConfig, run_rl
+
+    try:
+        cfg = recipes.load(RLConfig, recipe, overrides)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from e
+    bar, on_step = _progress("rl", lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} "
+                                             f"loss {m['loss']:+.4f} stage {m['stage']:.0f}")
+    try:
+        with bar:
+            final, history = asyncio.run(run_rl(cfg, resume=resume, on_step=on_step))
+    except (ModelError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"checkpoint: {final}")
+    if history:
+        click.echo(f"rollout accuracy {history[0]['accuracy']:.3f} (first step) -> {history[-1]['accuracy']:.3f} "
+                   f"(last) over {len(history)} steps")
+
+
+@train_group.command("report")
+@click.argument("run_name")
+@click.option("--db", default=None, help="Store: a SQLite file or a SQLAlchemy URL.")
+@click.option("--png", type=click.Path(dir_okay=False), default=None, help="Draw the curves into this PNG.")
+def report_cmd(run_name, db, png) -> None:
+    """A training run's metrics per step (SFT or RL), and its curves."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.store import Store, StoreError
+
+    from .report import curves, metrics_by_step
+
+    try:
+        runs = [r for r in Store(db).runs(run_name) if r.kind in ("sft", "rl")]
+        if not runs:
+            raise StoreError(f"no training run named {run_name!r}")
+        steps = metrics_by_step(Store(db), runs[-1].id)
+    except StoreError as e:
+        raise click.ClickException(str(e)) from e
+    names = sorted({k for m in steps.values() for k in m})
+    table = Table(title=f"{run_name} ({runs[-1].kind}, {runs[-1].status})")
+    table.add_column("step")
+    for n in names:
+        table.add_column(n.replace("_", " "), justify="right")
+    for step, m in steps.items():
+        table.add_row(str(step), *[f"{m[n]:.4g}" if n in m else "" for n in names])
+    Console(width=max(120, 12 * len(names))).print(table)
+    if png:
+        curves(steps, png, f"{run_name} ({runs[-1].kind})")
+        click.echo(f"wrote {png}")
 
 
 @train_group.command("data")
@@ -80,6 +130,27 @@ def data_cmd(source, out) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     click.echo(f"{len(records)} conversations -> {out}" + (f" ({len(stats.bad_lines)} bad rows skipped: "
                                                           f"{stats.bad_lines[:10]})" if stats.bad_lines else ""))
+
+
+def _progress(label: str, info):
+    """A rich progress bar over training steps and its per-step callback."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn())
+    task = bar.add_task(label, total=None, info="preparing data and model")
+
+    def on_step(step: int, total: int, m: dict[str, float]) -> None:
+        bar.update(task, total=total, completed=step, info=info(m))
+
+    return bar, on_step
 
 
 if __name__ == "__main__":

@@ -174,6 +174,13 @@ class Learner:
         return state
 
 
+def link_last(checkpoint: Path) -> None:
+    """`out/last` points at the newest checkpoint, so recipes can name the previous stage's result."""
+    link = checkpoint.parent / "last"
+    link.unlink(missing_ok=True)
+    link.symlink_to(checkpoint.name)
+
+
 def rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}

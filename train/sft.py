@@ -26,7 +26,7 @@ from rstar2_agent.store import Store
 
 from .chat_data import DataStats, Row, collate, load_examples, pack
 from .converters import load_records
-from .learner import Learner, OptimConfig
+from .learner import Learner, OptimConfig, link_last
 from .recipe import dump
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,9 @@ class SFTRun:
     def save(self, learner: Learner) -> Path:
         meta = {"tool_protocol": self.cfg.tool_protocol, "context_length": self.base_spec.context_length,
                 "trained_from": self.cfg.model, "stage": "sft", "step": learner.step}
-        return learner.save(Path(self.cfg.out) / f"checkpoint-{learner.step}", {}, meta)
+        path = learner.save(Path(self.cfg.out) / f"checkpoint-{learner.step}", {}, meta)
+        link_last(path)
+        return path
 
 
 def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, dict[str, float]], None] | None = None

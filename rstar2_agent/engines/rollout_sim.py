@@ -8,9 +8,18 @@ request is preempted and later recomputed (vLLM's recompute preemption). A decod
 `step_s + per_seq_s * batch + per_kv_token_s * KV tokens in the batch`; prefill (and recompute) costs
 `prefill_s` per token and stalls the replica. Between turns a trajectory waits for its tool calls.
 
-The pool side runs `replicas.pick`, the same code the ReplicaPool runs: `static` places every rollout at
-the start, round robin; `least_outstanding` and `kv_aware` place a rollout when a replica takes it (at most
-`max_num_seqs` live trajectories per replica; kv_aware also reserves prompt + `budget` KV tokens).
+The pool side runs `replicas.pick` (and, for adaptive kv_aware, `replicas.grow` and `replicas.LengthModel`),
+the same code the ReplicaPool runs. `static` is the paper's baseline: every rollout is given to a replica at
+the start, round robin (an equal split; the n rollouts of a prompt spread over replicas, which balances better
+than contiguous chunks), and each replica's engine admits FIFO and preempts and recomputes on overflow, as
+vLLM does. `least_outstanding` and `kv_aware` place a rollout when a replica takes it (at most `max_num_seqs`
+live trajectories per replica). kv_aware reserves prompt + `budget` (strict), prompt + `reserve` (fixed),
+or, with `quantile`, adaptively: renewed at each turn, a turn that cannot grow waits at the pool.
+
+Defaults (SimConfig) model Qwen3-14B in bf16 on one MI300X a replica, the paper's setup: 500K KV tokens
+(160 KiB a token, ~80 GB), max_num_seqs 256, a 12,288-token budget; a decode step costs 10 ms + 50 us a
+sequence + 40 ns a KV token read; prefill 50 us a token. The `longtail` workload: 16 rollouts a prompt,
+~5% + a difficulty-driven share running to 8K-12K tokens, 1-10 turns, tool calls ~0.15 s (2% at 10 s).
 
 Time is fluid within a replica: all running requests advance one token per step; the replica wakes at its
 next event (a turn ends, the KV fills, or `chunk` steps pass), or when a turn arrives.
@@ -25,7 +34,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .replicas import POLICIES, Load, pick
+from .replicas import POLICIES, LengthModel, Load, grow, pick
 
 
 @dataclass
@@ -44,6 +53,7 @@ class SimConfig:
     max_num_seqs: int = 256  # running requests per replica
     budget: int = 12_288  # max response tokens of a trajectory
     reserve: int | None = None  # kv_aware reserves prompt + this (None: the budget, so it never overflows)
+    quantile: float | None = None  # adaptive kv_aware: reserve up to this quantile of the learned length
     step_s: float = 0.010  # decode step: weights read once (14B bf16 on one MI300X)
     per_seq_s: float = 5e-5  # ... plus per sequence in the batch
     per_kv_token_s: float = 4e-8  # ... plus per KV token read (160 KiB at ~4 TB/s)
@@ -61,6 +71,8 @@ class SimResult:
     preemptions: int  # running requests preempted because the KV cache overflowed
     recomputed: int  # tokens prefilled again (after preemption or eviction of a cached prefix)
     generated: int  # tokens decoded
+    overflows: int = 0  # turns the adaptive kv_aware pool let go beyond its replica's capacity (to avoid deadlock)
+    waits: int = 0  # turns that waited for their reservation to grow (adaptive kv_aware)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -111,7 +123,7 @@ class _Replica:
 
 
 class _Sim:
-    def __init__(self, rollouts: list[Rollout], policy: str, cfg: SimConfig):
+    def __init__(self, rollouts: list[Rollout], policy: str, cfg: SimConfig, prior: list[Rollout] | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.rollouts, self.policy, self.cfg = rollouts, policy, cfg
@@ -126,11 +138,20 @@ class _Sim:
         self.computed = [0] * len(rollouts)  # of those, how many had their KV computed before
         self.pool_queue: deque[int] = deque()
         self.placements = 0
-        self.preemptions = self.recomputed = self.generated = 0
+        self.preemptions = self.recomputed = self.generated = self.overflows = self.waits = 0
+        self.adaptive = policy == "kv_aware" and cfg.quantile is not None and cfg.reserve is None
+        self.lengths = LengthModel(cfg.budget, cfg.quantile) if self.adaptive else None
+        if self.adaptive and prior:  # what the pool learned in the previous step
+            self.lengths.learn([[t + i for t, i in zip(r.turns, [*r.inserted, 0], strict=True)] for r in prior])
+        self.growing: list[deque] = [deque() for _ in range(cfg.replicas)]  # (traj, reservation) waiting to grow
+        self.held: dict[int, int] = {}  # traj -> its context as counted in its replica's Load.used
         self.end = 0.0
 
     # -- pool side
     def need(self, traj: int) -> int:
+        if self.adaptive:
+            prompt = self.rollouts[traj].prompt
+            return self.lengths.reservation(prompt, self.context[traj] - prompt)
         reserve = self.cfg.budget if self.cfg.reserve is None else self.cfg.reserve
         return self.rollouts[traj].prompt + reserve if self.policy == "kv_aware" else 0
 
@@ -147,15 +168,62 @@ class _Sim:
             self.placed[traj] = (r, reserved)
             self.loads[r].trajectories += 1
             self.loads[r].reserved += reserved
+            if self.adaptive:
+                self.lengths.update(traj, 0)
+                self.held[traj] = 0
             self.submit(r, traj, now)
 
     def submit(self, r: int, traj: int, now: float) -> None:
-        """The trajectory's next turn arrives at its replica."""
+        """The trajectory's next turn arrives at the pool: renew its reservation, then send it (or hold it)."""
+        _, reserved = self.placed[traj]
+        load = self.loads[r]
+        if self.adaptive:
+            prompt, ctx = self.rollouts[traj].prompt, self.context[traj]
+            self.lengths.update(traj, ctx - prompt)
+            load.used += ctx - self.held[traj]
+            self.held[traj] = ctx
+            target = max(self.need(traj), ctx)
+            took = None if self.growing[r] else grow(load, reserved, target, ctx)
+            if took is None:  # it waits until a trajectory on its replica ends
+                self.growing[r].append((traj, target))
+                load.pending += target - reserved
+                self.waits += 1
+                self.unblock(r, now)
+                return
+            load.reserved += took - reserved
+            self.placed[traj] = (r, took)
+            self.send(r, traj, now)
+            if took < reserved:  # it shrank: room for others
+                self.unblock(r, now)
+                self.place_waiting(now)
+            return
+        if self.policy == "kv_aware" and self.context[traj] > reserved:  # it outgrew a fixed reservation
+            load.reserved += self.context[traj] - reserved
+            self.placed[traj] = (r, self.context[traj])
+        self.send(r, traj, now)
+
+    def unblock(self, r: int, now: float) -> None:
+        """Send the turns waiting to grow on replica r that now fit, in order; if every live trajectory there
+        waits, none would ever end to make room, so they all go ahead (overflows: the engine preempts if it must)."""
+        load, queue, stuck = self.loads[r], self.growing[r], False
+        while queue:
+            traj, target = queue[0]
+            reserved = self.placed[traj][1]
+            took = grow(load, reserved, target, self.context[traj])
+            if took is None:
+                if len(queue) < load.trajectories and not stuck:
+                    return
+                took, stuck = target, True
+                self.overflows += 1
+            queue.popleft()
+            load.pending -= target - reserved
+            load.reserved += took - reserved
+            self.placed[traj] = (r, took)
+            self.send(r, traj, now)
+
+    def send(self, r: int, traj: int, now: float) -> None:
+        """The trajectory's next turn arrives at its replica's engine."""
         rep = self.reps[r]
-        held, reserved = self.placed[traj]
-        if self.policy == "kv_aware" and self.context[traj] > reserved:  # it outgrew its reservation
-            self.loads[r].reserved += self.context[traj] - reserved
-            self.placed[traj] = (held, self.context[traj])
         rep.advance(now)
         rep.waiting.append(_Req(traj, self.rollouts[traj].turns[self.turn[traj]]))
         self.loads[r].in_flight += 1
@@ -262,6 +330,10 @@ class _Sim:
         r, reserved = self.placed.pop(traj)
         self.loads[r].trajectories -= 1
         self.loads[r].reserved -= reserved
+        if self.adaptive:
+            self.lengths.finish(traj, self.context[traj] - ro.prompt)
+            self.loads[r].used -= self.held.pop(traj)
+            self.unblock(r, now)
         self.place_waiting(now)
 
     def run(self) -> SimResult:
@@ -279,15 +351,16 @@ class _Sim:
         span = self.end
         idle = 1 - sum(min(r.busy, span) for r in self.reps) / (span * len(self.reps)) if span else 0.0
         return SimResult(self.policy, self.cfg.replicas, len(self.rollouts), span, idle, self.preemptions,
-                         self.recomputed, self.generated)
+                         self.recomputed, self.generated, self.overflows, self.waits)
 
 
-def simulate(rollouts: list[Rollout], policy: str, cfg: SimConfig) -> SimResult:
-    """Replay one step of `rollouts` over `cfg.replicas` replicas under `policy`."""
+def simulate(rollouts: list[Rollout], policy: str, cfg: SimConfig, prior: list[Rollout] | None = None) -> SimResult:
+    """Replay one step of `rollouts` over `cfg.replicas` replicas under `policy`. `prior`: the rollouts of the
+    previous step, which the adaptive kv_aware pool has learned from (default: none, the first step)."""
     big = max(r.prompt + sum(r.turns) + sum(r.inserted) for r in rollouts)
     if big + cfg.max_num_seqs >= cfg.kv_tokens:
         raise ValueError(f"a rollout of {big} tokens does not fit a replica's KV cache of {cfg.kv_tokens}")
-    return _Sim(rollouts, policy, cfg).run()
+    return _Sim(rollouts, policy, cfg, prior).run()
 
 
 # ---------------------------------------------------------------- workloads
@@ -356,14 +429,22 @@ def recorded(n: int, seed: int = 0, db: str | None = None) -> list[Rollout]:
     return [shapes[rng.randrange(len(shapes))] for _ in range(n)]
 
 
-def compare(rollouts: list[Rollout], replicas: list[int], cfg: SimConfig,
-            reserve: int | None = None) -> list[tuple[str, SimResult]]:
-    """Every policy (and kv_aware overbooked with `reserve`, when given) at each replica count: (label, result)."""
+def compare(rollouts: list[Rollout], replicas: list[int], cfg: SimConfig, reserve: int | None = None,
+            quantile: float | None = 0.9, prior: list[Rollout] | None = None) -> list[tuple[str, SimResult]]:
+    """At each replica count: static, least_outstanding, kv_aware strict, kv_aware with a fixed `reserve` (when
+    given), kv_aware adaptive at `quantile` (when given) in a first step and, with `prior`, in a later step
+    that learned from `prior`. A list of (label, result)."""
     rows = []
     for r in replicas:
-        runs = [(p, SimConfig(**{**cfg.__dict__, "replicas": r})) for p in POLICIES]
+        base = {**cfg.__dict__, "replicas": r, "reserve": None, "quantile": None}
+        runs = [("static", SimConfig(**base), None), ("least_outstanding", SimConfig(**base), None),
+                ("kv_aware strict", SimConfig(**base), None)]
         if reserve is not None:
-            runs.append((f"kv_aware, reserve {reserve}", SimConfig(**{**cfg.__dict__, "replicas": r,
-                                                                     "reserve": reserve})))
-        rows += [(label, simulate(rollouts, label.split(",")[0], c)) for label, c in runs]
+            runs.append((f"kv_aware fixed {reserve}", SimConfig(**{**base, "reserve": reserve}), None))
+        if quantile is not None:
+            adaptive = SimConfig(**{**base, "quantile": quantile})
+            runs.append((f"kv_aware adaptive q{quantile:g}, step 1", adaptive, None))
+            if prior is not None:
+                runs.append((f"kv_aware adaptive q{quantile:g}, later step", adaptive, prior))
+        rows += [(label, simulate(rollouts, label.split()[0], c, p)) for label, c, p in runs]
     return rows

@@ -1,0 +1,133 @@
+"""GRPO-RoC: Resample-on-Correct on hand-built groups (including that the paper's sampler follows 1/p), the
+advantage and clipped loss on a hand-computed example, stages; and with the real SmolLM2, the real sandbox
+and the real grader: one update changes the weights and lowers the loss on its batch, and `run_rl` runs,
+stores and resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from rstar2_agent.train.learner import OptimConfig
+from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
+from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl, stage_of
+from rstar2_agent.train.roc import Group, RolloutStats, _weighted_sample, penalty, resample_on_correct, split_counts
+
+
+def rs(reward, calls=1, errors=0, blocks=1, ok=True, turns=2):
+    return RolloutStats(reward, calls, errors, blocks, ok, turns)
+
+
+def test_penalty_follows_the_design():
+    assert penalty(rs(1, calls=4, errors=1)) == pytest.approx(0.25)
+    assert penalty(rs(1, calls=0)) == pytest.approx(0.5)  # no tool call
+    assert penalty(rs(1, ok=False)) == pytest.approx(1.0)  # no well-formed answer
+    assert penalty(rs(1, blocks=3, turns=4)) == pytest.approx(0.5)  # extra answer blocks
+
+
+def test_all_equal_groups_are_dropped_and_counts_follow_the_split():
+    same = Group(list("abcdefgh"), [rs(1)] * 8)
+    zero = Group(list("abcdefgh"), [rs(0)] * 8)
+    mixed = Group(list(range(8)), [rs(1)] * 6 + [rs(0)] * 2)
+    kept, stats = resample_on_correct([same, zero, mixed], g=4, seed=0)
+    assert stats.dropped_all_equal == 2 and len(kept) == 1 and len(kept[0]) == 4
+    assert stats.kept_positive == 2 and stats.kept_negative == 2  # at least 2 of each side
+    assert split_counts(6, 2, 4) == (2, 2) and split_counts(1, 7, 4) == (1, 3) and split_counts(4, 4, 4) == (2, 2)
+    assert split_counts(12, 4, 8) == (6, 2) and split_counts(3, 0, 8) == (3, 0)
+
+
+def test_topk_keeps_the_lowest_penalties():
+    stats = [rs(1, calls=2, errors=1), rs(1, calls=2), rs(1, ok=False), rs(1, calls=5, errors=1), rs(0), rs(0),
+             rs(0), rs(0)]
+    kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk")
+    positives = [i for i in kept[0] if i < 4]
+    assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0
+
+
+def test_the_paper_sampler_follows_inverse_penalty():
+    weights = [1 / 0.25, 1 / 0.5, 1 / 1.0, 1 / 1.5]
+    rng = random.Random(0)
+    counts = Counter(_weighted_sample([0, 1, 2, 3], weights, 1, rng)[0] for _ in range(40000))
+    total = sum(weights)
+    for i, w in enumerate(weights):
+        assert counts[i] / 40000 == pytest.approx(w / total, abs=0.01)
+    chi2 = sum((counts[i] - 40000 * w / total) ** 2 / (40000 * w / total) for i, w in enumerate(weights))
+    assert chi2 < 16.3  # p > 0.001 with 3 degrees of freedom
+
+
+def test_advantages_and_the_clipped_loss_by_hand():
+    adv = grpo_advantages([1, 0, 0, 1])
+    assert adv == pytest.approx([math.sqrt(3) / 2, -math.sqrt(3) / 2, -math.sqrt(3) / 2, math.sqrt(3) / 2], rel=1e-5)
+    old = torch.zeros(4)
+    new = torch.log(torch.tensor([1.5, 0.5, 1.5, 1.0]))
+    a = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    loss, stats = ppo_clip_loss(new, old, a, mask)
+    # token 0: ratio 1.5, A>0 -> clipped at 1.28; token 1: ratio 0.5, A>0 -> 0.5; token 2: A<0 -> min(-1.5, -1.28)
+    assert float(loss) == pytest.approx(-(1.28 + 0.5 - 1.5) / 3)
+    assert stats["clip_frac"] == pytest.approx(1 / 3)  # the clip is active only for token 0
+
+
+def test_stage_of_global_steps():
+    stages = [Stage(steps=3), Stage(steps=2)]
+    assert [stage_of(stages, s) for s in range(5)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    with pytest.raises(IndexError):
+        stage_of(stages, 5)
+
+
+def tiny(tmp_path, **kw) -> RLConfig:
+    base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
+                prompts_per_step=2, group_size=2, micro_batch=4, out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"),
+                tool_protocol="markdown")
+    return RLConfig(**{**base, **kw})
+
+
+@pytest.mark.slow
+async def test_one_update_changes_the_weights_and_lowers_its_loss_with_hand_set_rewards(tmp_path):
+    """Real rollouts from the real engine and sandbox; the rewards are set by hand (the base model solves none
+    of these, so a graded batch would carry no signal)."""
+    run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant")))
+    try:
+        await run.sandbox.start()
+        stage = run.cfg.stages[0]
+        groups = await run.rollouts(run.prompts(run.pool(stage), 0), 4, stage, 0)
+        kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]  # 2 "right", 2 "wrong" each
+        before = {k: v.detach().clone() for k, v in run.learner.model.named_parameters()}
+        first = run.update(kept)
+        changed = sum(not torch.equal(before[k], v) for k, v in run.learner.model.named_parameters())
+        assert changed > 0 and first["update_tokens"] > 0 and first["grad_norm"] > 0
+        assert first["logprob_gap"] < 0.5  # the engine's and the learner's logprobs agree closely
+        lr = run.learner.optimizer.param_groups[0]["lr"]
+        run.learner.optimizer.param_groups[0]["lr"] = 0.0  # measure the loss on the same batch without moving
+        second = run.update(kept)
+        run.learner.optimizer.param_groups[0]["lr"] = lr
+        assert second["loss"] < first["loss"]
+    finally:
+        await run.close()
+
+
+@pytest.mark.slow
+def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path):
+    cfg = tiny(tmp_path, save_every=1)
+    final, history = asyncio.run(run_rl(cfg))
+    assert len(history) == 2 and final.name == "checkpoint-2" and (final.parent / "last").resolve() == final
+    assert {"accuracy", "response_tokens", "tool_error_ratio_positive", "time_rollout", "roc_dropped_groups",
+            "grad_norm"} <= set(history[0])
+    from rstar2_agent.store import Store
+
+    store = Store(cfg.db)
+    (run,) = store.runs("rl")
+    samples = store.samples(run.id)
+    assert len(samples) == 2 * 2 * 4 and all(s.problem_id.startswith("step0000") for s in samples[:8])
+    import shutil
+
+    shutil.rmtree(final)  # as if killed after step 1's checkpoint
+    _, resumed = asyncio.run(run_rl(cfg, resume=True))
+    assert len(resumed) == 1
+    assert resumed[0]["accuracy"] == history[1]["accuracy"]
+    assert resumed[0]["response_tokens"] == pytest.approx(history[1]["response_tokens"])

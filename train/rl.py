@@ -1,0 +1,314 @@
+"""`rstar2 train rl`: multi-stage GRPO-RoC with the Python tool in the rollouts.
+
+Each step: sample prompts, run 2G rollouts per prompt through the shared agent loop (the `hf` engine shares
+the learner's weights, so an update is live at once), reward 1/0 by the math grader (truncated rollouts get
+0), keep G per prompt with Resample-on-Correct, then one token-level PPO-clip update against the engine's
+own logprobs. Stages change the response budget, the turn cap, the data, and may filter out the problems
+the current policy already solves k of k and reset the optimizer. Metrics and every rollout go to the
+store; checkpoints resume exactly (the prompts of a step are a function of the seed and the step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import ChatFormat, answer_blocks, last_boxed
+from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.engines.hf import HFEngine
+from rstar2_agent.grading.math import MathGrader
+from rstar2_agent.models import resolve_model
+from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
+from rstar2_agent.store import Sample, Store
+from rstar2_agent.trajectory import Trajectory
+
+from .learner import Learner, OptimConfig, link_last
+from .loss import grpo_advantages, ppo_clip_loss, token_logprobs
+from .recipe import dump
+from .roc import Group, RolloutStats, resample_on_correct
+from .sft import checkpoints
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stage:
+    steps: int
+    max_response_tokens: int = 8192
+    max_turns: int = 10
+    data_seed: int = 0  # synthetic problems (train/synthetic.py) from this seed
+    data_size: int = 512
+    filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
+    reset_optimizer: bool = False
+
+
+@dataclass
+class RLConfig:
+    model: str = "runs/sft-smollm2-cpu/last"
+    stages: list[Stage] = field(default_factory=lambda: [Stage(steps=2)])
+    prompts_per_step: int = 4
+    group_size: int = 4  # G: 2G rollouts per prompt, G kept
+    positive_sampling: str = "paper"  # paper (probability 1/p) or topk (lowest p)
+    roc: bool = True  # False: plain GRPO on all 2G rollouts (the ablation)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    micro_batch: int = 8  # trajectories per forward pass
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
+    dtype: str = "auto"
+    tool_protocol: str = "hermes"
+    seed: int = 0
+    out: str = "runs/rl"
+    save_every: int = 0  # steps; stage ends always save
+    db: str | None = None
+    run: str | None = None
+
+
+def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
+    """(stage index, step within it) of a global step."""
+    for i, s in enumerate(stages):
+        if step < s.steps:
+            return i, step
+        step -= s.steps
+    raise IndexError("past the last stage")
+
+
+def rollout_stats(traj: Trajectory, reward: float) -> RolloutStats:
+    blocks = answer_blocks(traj.text)
+    return RolloutStats(reward, len(traj.tool_calls), sum(c.failed for c in traj.tool_calls), len(blocks),
+                        bool(blocks) and last_boxed(blocks[-1]) is not None, max(1, len(traj.turns)))
+
+
+class RLRun:
+    def __init__(self, cfg: RLConfig, resume: bool = False):
+        self.cfg = cfg
+        last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
+        resolved = resolve_model(str(last) if last else cfg.model)
+        total = sum(s.steps for s in cfg.stages)
+        self.learner = Learner(resolved.path, cfg.optim, total, dtype=cfg.dtype)
+        self.state: dict[str, Any] = self.learner.load_state(last) if last else {}
+        self.pool_ids: list[str] | None = self.state.get("pool")
+        self.fmt = ChatFormat(self.learner.tokenizer, cfg.tool_protocol, resolved.spec.chat_template)
+        self.engine = HFEngine(resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
+                               context_length=resolved.spec.context_length)
+        self.context_length = resolved.spec.context_length
+        self.grader = MathGrader()
+        self.sandbox = LocalSandbox(SandboxConfig(workers=2))
+        self.base_spec = resolved.spec
+
+    # ------------------------------------------------------------------ data
+    def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
+        from .synthetic import problems
+
+        all_problems = {p.id: (p.question, p.answer) for p in problems(stage.data_seed, stage.data_size)}
+        if self.pool_ids is not None:
+            return {i: all_problems[i] for i in self.pool_ids if i in all_problems}
+        return all_problems
+
+    def prompts(self, pool: dict[str, tuple[str, str]], step: int) -> list[tuple[str, str, str]]:
+        ids = sorted(pool)
+        chosen = random.Random(self.cfg.seed * 1000003 + step).sample(ids, min(self.cfg.prompts_per_step, len(ids)))
+        return [(i, *pool[i]) for i in chosen]
+
+    # ------------------------------------------------------------------ rollouts
+    async def rollouts(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int
+                       ) -> list[list[tuple[Trajectory, float]]]:
+        cfg = self.cfg
+        self.learner.model.eval()
+
+        async def one(pid: str, question: str, gold: str, k: int) -> tuple[Trajectory, float]:
+            sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                      max_tokens=stage.max_response_tokens,
+                                      seed=zlib.crc32(f"{cfg.seed}:{step}:{pid}:{k}".encode()) & 0x7FFFFFFF)
+            acfg = AgentConfig(max_turns=stage.max_turns, max_response_tokens=stage.max_response_tokens,
+                               sampling=sampling)
+            traj = await run_agent(question, self.engine, self.sandbox, self.fmt, acfg)
+            truncated = traj.stop_reason in ("max_tokens", "max_turns", "engine_error")
+            grade = await self.grader.grade(traj.text, gold)
+            return traj, float(grade.correct and not truncated)
+
+        results = await asyncio.gather(*(one(pid, q, gold, k) for pid, q, gold in prompts for k in range(n)))
+        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    async def filter_solved(self, stage: Stage, k: int) -> None:
+        """Keep only the problems the current policy does not solve k out of k."""
+        pool = self.pool(stage)
+        items = [(pid, q, gold) for pid, (q, gold) in sorted(pool.items())]
+        groups = await self.rollouts(items, k, stage, step=-1)
+        self.pool_ids = [pid for (pid, _, _), g in zip(items, groups, strict=True) if not all(r for _, r in g)]
+        log.info("stage filter: %d of %d problems kept (solved %d/%d dropped)", len(self.pool_ids), len(pool), k, k)
+
+    # ------------------------------------------------------------------ update
+    def update(self, kept: list[list[tuple[Trajectory, float]]]) -> dict[str, float]:
+        cfg, learner = self.cfg, self.learner
+        learner.model.train()
+        items = [(traj, adv) for group in kept
+                 for (traj, _), adv in zip(group, grpo_advantages([r for _, r in group]), strict=True)]
+        total_tokens = sum(sum(t.response_mask) for t, _ in items)
+        metrics = {"loss": 0.0, "clip_frac": 0.0, "logprob_gap": 0.0, "entropy": 0.0}
+        for i in range(0, len(items), cfg.micro_batch):
+            part = items[i:i + cfg.micro_batch]
+            batch = _batch(part, self.fmt.tokenizer.pad_token_id or 0)
+            logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
+            logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
+            logp = token_logprobs(logits, targets, cfg.temperature)
+            mask = batch["mask"][:, 1:].to(learner.device)
+            loss, stats = ppo_clip_loss(logp, batch["old_logp"][:, 1:].to(learner.device),
+                                        batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low, cfg.eps_high,
+                                        denominator=total_tokens)
+            loss.backward()
+            weight = float(mask.sum()) / max(1, total_tokens)
+            with torch.no_grad():
+                probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
+                ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
+                metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
+            metrics["loss"] += float(loss)
+            metrics["clip_frac"] += stats["clip_frac"] * weight
+            metrics["logprob_gap"] += stats["logprob_gap"] * weight
+        return {**metrics, **learner.optimizer_step(), "update_tokens": total_tokens}
+
+    # ------------------------------------------------------------------ one step
+    async def step(self, step: int, stage: Stage, pool: dict[str, tuple[str, str]], store: Store | None,
+                   run_id: int | None) -> dict[str, float]:
+        cfg = self.cfg
+        prompts = self.prompts(pool, step)
+        n = 2 * cfg.group_size if cfg.roc else cfg.group_size
+        t0 = time.perf_counter()
+        groups = await self.rollouts(prompts, n, stage, step)
+        t_rollout = time.perf_counter() - t0
+        stats = [[rollout_stats(t, r) for t, r in g] for g in groups]
+        if cfg.roc:
+            kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
+                                            cfg.group_size, seed=cfg.seed * 7919 + step,
+                                            positive_sampling=cfg.positive_sampling)
+            roc_metrics = {"roc_dropped_groups": roc.dropped_all_equal, "roc_kept_positive": roc.kept_positive,
+                           "roc_kept_negative": roc.kept_negative}
+        else:
+            kept = [g for g in groups if len({r for _, r in g}) > 1]
+            roc_metrics = {"roc_dropped_groups": len(groups) - len(kept)}
+        t1 = time.perf_counter()
+        upd = self.update(kept) if kept else {"loss": 0.0, "update_tokens": 0, **self.learner.optimizer_step()}
+        t_update = time.perf_counter() - t1
+        flat = [(t, r) for g in groups for t, r in g]
+        positives = [t for t, r in flat if r > 0]
+        kept_pos = [t for g in kept for t, r in g if r > 0]
+        gen_tokens = sum(t.num_generated_tokens for t, _ in flat)
+        metrics = {
+            "accuracy": sum(r for _, r in flat) / len(flat),
+            "response_tokens": gen_tokens / len(flat),
+            "turns": sum(len(t.turns) for t, _ in flat) / len(flat),
+            "tool_calls": sum(len(t.tool_calls) for t, _ in flat) / len(flat),
+            "tool_error_ratio_positive": _tool_error_ratio(positives),
+            "tool_error_ratio_kept_positive": _tool_error_ratio(kept_pos),
+            "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
+            "time_rollout": t_rollout, "time_update": t_update, "time_weight_sync": 0.0,  # hf shares the weights
+            "rollout_tokens_per_s": gen_tokens / t_rollout,
+            **roc_metrics, **upd,
+        }
+        if store is not None:
+            await asyncio.to_thread(_store_rollouts, store, run_id, step, prompts, groups)
+        return metrics
+
+    def save(self, step: int, stage_index: int) -> Path:
+        meta = {"tool_protocol": self.cfg.tool_protocol, "context_length": self.context_length, "stage": "rl",
+                "trained_from": self.cfg.model, "step": step}
+        path = self.learner.save(Path(self.cfg.out) / f"checkpoint-{step}",
+                                 {"stage": stage_index, "pool": self.pool_ids}, meta)
+        link_last(path)
+        return path
+
+    async def close(self) -> None:
+        self.grader.close()
+        await self.sandbox.close()
+        await self.engine.close()
+
+
+def _tool_error_ratio(trajs: list[Trajectory]) -> float:
+    calls = sum(len(t.tool_calls) for t in trajs)
+    return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
+
+
+def _batch(items: list[tuple[Trajectory, float]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded prompt + response ids, the response mask (generated tokens), the engine's logprobs and
+    each token's advantage, aligned so that position t holds token t."""
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t, _ in items)
+    out = {k: torch.zeros((len(items), width), dtype=d) for k, d in (
+        ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32), ("old_logp", torch.float32),
+        ("adv", torch.float32))}
+    out["input_ids"].fill_(pad_id)
+    for b, (t, adv) in enumerate(items):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        out["input_ids"][b, :p + r] = torch.tensor(t.prompt_ids + t.response_ids)
+        out["attention"][b, :p + r] = 1
+        out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
+        out["old_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+        out["adv"][b, p:p + r] = adv
+    return out
+
+
+def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups) -> None:
+    from rstar2_agent.chat_format import extract_answer
+
+    for (pid, question, gold), group in zip(prompts, groups, strict=True):
+        for k, (traj, reward) in enumerate(group):
+            store.add_sample(Sample(
+                run_id=run_id, problem_id=f"step{step:05d}/{pid}", sample_index=k, status="ok", correct=reward > 0,
+                answer=extract_answer(traj.text), gold=gold, stop_reason=traj.stop_reason,
+                tokens=traj.num_generated_tokens, tool_calls=len(traj.tool_calls),
+                tool_errors=sum(c.failed for c in traj.tool_calls), turns=len(traj.turns),
+                seconds=traj.timings.get("total", 0.0), timings=dict(traj.timings),
+                details={"question": question, "step": step}), traj.to_dict())
+
+
+async def run_rl(cfg: RLConfig, resume: bool = False,
+                 on_step: Callable[[int, int, dict[str, float]], None] | None = None
+                 ) -> tuple[Path, list[dict[str, float]]]:
+    run = RLRun(cfg, resume)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.out) / "recipe.yaml").write_text(dump(cfg))
+    store = Store(cfg.db)
+    row = store.open_run(cfg.run or Path(cfg.out).resolve().name, "rl", cfg.model, {},
+                         {"recipe": dataclasses.asdict(cfg)}, kind="rl")
+    total = sum(s.steps for s in cfg.stages)
+    history: list[dict[str, float]] = []
+    final = Path(cfg.out)
+    await run.sandbox.start()
+    try:
+        while run.learner.step < total:
+            step = run.learner.step
+            index, within = stage_of(cfg.stages, step)
+            stage = cfg.stages[index]
+            if within == 0:  # a stage starts
+                run.pool_ids = None
+                if stage.filter_solved:
+                    await run.filter_solved(stage, stage.filter_solved)
+                if stage.reset_optimizer:
+                    run.learner.reset_optimizer()
+            metrics = await run.step(step, stage, run.pool(stage), store, row.id)
+            metrics["stage"] = index
+            history.append(metrics)
+            store.add_metrics(row.id, run.learner.step, metrics)
+            if on_step:
+                on_step(run.learner.step, total, metrics)
+            stage_end = within + 1 == stage.steps
+            if stage_end or (cfg.save_every and run.learner.step % cfg.save_every == 0):
+                final = run.save(run.learner.step, index)
+        store.set_status(row.id, "finished")
+    except BaseException:
+        store.set_status(row.id, "interrupted")
+        raise
+    finally:
+        await run.close()
+    return final, history
