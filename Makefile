@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 # CPU builds on machines without a GPU; `make install EXTRAS=gpu` on CUDA machines.
 EXTRAS ?= cpu
 
-.PHONY: install system-deps test test-fast lint bench clean
+.PHONY: install system-deps test test-fast lint bench train clean
 
 install: system-deps $(VENV)/.installed
 
@@ -40,6 +40,17 @@ lint:
 
 bench:
 	$(VENV)/bin/rstar2 sandbox bench
+
+# The whole pipeline on the embedded defaults: non-reasoning SFT, two GRPO-RoC stages, the report, and the
+# held-out synthetic accuracy before (the SFT checkpoint) and after (the RL checkpoint).
+train: install
+	$(VENV)/bin/rstar2 train sft --recipe sft-smollm2-cpu
+	$(VENV)/bin/rstar2 train rl --recipe rl-smollm2-cpu
+	$(VENV)/bin/rstar2 train report rl-smollm2-cpu --png runs/rl-smollm2-cpu/curves.png
+	$(VENV)/bin/rstar2 eval synth --model runs/sft-smollm2-cpu/last --run sft-smollm2-cpu-synth --limit 48 --n 1 \
+	  --temperature 0 --max-tokens 384 --max-turns 4 --concurrency 16
+	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 48 --n 1 \
+	  --temperature 0 --max-tokens 384 --max-turns 4 --concurrency 16
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -196,7 +196,7 @@ class Store:
             old = s.scalars(select(Sample).where(Sample.run_id == sample.run_id, Sample.problem_id ==
                                                  sample.problem_id, Sample.sample_index == sample.sample_index)).first()
             if old is not None:
-                sample.attempts += old.attempts
+                sample.attempts = (sample.attempts or 1) + old.attempts
                 s.execute(delete(TrajectoryRow).where(TrajectoryRow.sample_id == old.id))
                 s.delete(old)
                 s.flush()

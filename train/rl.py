@@ -174,7 +174,7 @@ class RLRun:
                 probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
                 ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
                 metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
-            metrics["loss"] += float(loss)
+            metrics["loss"] += float(loss.detach())
             metrics["clip_frac"] += stats["clip_frac"] * weight
             metrics["logprob_gap"] += stats["logprob_gap"] * weight
         return {**metrics, **learner.optimizer_step(), "update_tokens": total_tokens}
