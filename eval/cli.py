@@ -30,7 +30,12 @@ def eval_group() -> None:
               "with --url: where the tokenizer comes from.")
 @click.option("--engine", type=click.Choice(["auto", "vllm", "hf"]), default="auto", show_default=True,
               help="auto: vllm on GPU machines, hf on CPU.")
-@click.option("--url", default=None, help="An OpenAI-compatible server to evaluate instead of a local engine.")
+@click.option("--url", "urls", multiple=True, help="An OpenAI-compatible server to evaluate instead of a local engine; "
+              "several: a replica pool over them.")
+@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
+              help="Local engine replicas behind one replica pool.")
+@click.option("--replica-policy", type=click.Choice(["static", "least_outstanding", "kv_aware"]), default="kv_aware",
+              show_default=True, help="How trajectories are placed on replicas.")
 @click.option("--served-model", default=None, help="The model name on that server (default: its first).")
 @click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
@@ -61,9 +66,9 @@ def eval_group() -> None:
 @click.option("--grader-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True)
 @click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def run_cmd(benchmarks, model, engine, url, served_model, api_key, api, n, temperature, top_p, max_tokens, max_turns,
-            no_tools, tool_protocol, limit, categories, concurrency, retries, db, run_name, out, data_dir, seed,
-            grader_timeout, sandbox_urls, unsafe) -> None:
+def run_cmd(benchmarks, model, engine, urls, replicas, replica_policy, served_model, api_key, api, n, temperature,
+            top_p, max_tokens, max_turns, no_tools, tool_protocol, limit, categories, concurrency, retries, db,
+            run_name, out, data_dir, seed, grader_timeout, sandbox_urls, unsafe) -> None:
     """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25."""
     import asyncio
 
@@ -83,7 +88,8 @@ def run_cmd(benchmarks, model, engine, url, served_model, api_key, api, n, tempe
     cfg = EvalConfig(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
                      use_tools=not no_tools, seed=seed, api=api, tool_protocol=tool_protocol or "", limit=limit,
                      concurrency=concurrency, retries=retries)
-    source = Source(model=model, engine=engine, url=url, served_model=served_model, api_key=api_key,
+    source = Source(model=model, engine=engine, urls=list(urls), replicas=replicas, replica_policy=replica_policy,
+                    served_model=served_model, api_key=api_key,
                     sandbox_urls=list(sandbox_urls), isolation=not unsafe, grader_timeout=grader_timeout)
     try:
         store = Store(db)

@@ -30,7 +30,9 @@ class Source:
     """Where the samples come from: a local model on an engine, or an OpenAI-compatible endpoint."""
     model: str | None = None  # registry name, folder or hub id (with --url: where the tokenizer comes from)
     engine: str = "auto"
-    url: str | None = None
+    urls: list[str] = field(default_factory=list)  # several: a replica pool over them
+    replicas: int = 1  # local engines (several: a replica pool)
+    replica_policy: str = "kv_aware"
     served_model: str | None = None
     api_key: str | None = None
     sandbox_urls: list[str] = field(default_factory=list)
@@ -39,6 +41,10 @@ class Source:
 
     def label(self) -> str:
         return self.served_model or self.model or self.url or "smollm2-135m"
+
+    @property
+    def url(self) -> str | None:
+        return self.urls[0] if self.urls else None
 
 
 def default_run_name(source: Source, cfg: EvalConfig) -> str:
@@ -66,9 +72,7 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
             chat_agent = ChatAPIAgent(source.url, source.served_model, source.api_key, sandbox)
             fmt = None
         else:
-            engine, fmt = build(ChatOptions(model=source.model, engine=source.engine, url=source.url,
-                                            served_model=source.served_model, api_key=source.api_key,
-                                            tool_protocol=cfg.tool_protocol), console)
+            engine, fmt = build_engines(source, cfg, console)
             cfg.tool_protocol = fmt.protocol.name
         await sandbox.start()
         agent = make_agent(cfg, engine, fmt, sandbox, chat_agent)
@@ -76,7 +80,8 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
                       extra={"engine": engine, "fmt": fmt, "sandbox": sandbox, "config": cfg})
         for bench in benches:
             info = {"n": cfg.n, "limit": cfg.limit, "problems": len(problems[bench.name]), "engine": (
-                engine.name if engine else "chat-api"), "url": source.url, "data_dir": data_dir}
+                engine.name if engine else "chat-api"), "urls": source.urls, "replicas": source.replicas,
+                "data_dir": data_dir}
             run = store.open_run(run_name, bench.name, source.label(), cfg.settings(), info)
             bar, update = rich_progress(console, bench.name)
             status = "interrupted"
@@ -101,6 +106,20 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
         for path in write_outputs(store, run_name, out):
             console.print(f"wrote {path}")
     return run_name
+
+
+def build_engines(source: Source, cfg: EvalConfig, console: Console):
+    """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
+    stays on one replica; see rstar2_agent/engines/replicas.py)."""
+    targets = source.urls or [None] * source.replicas
+    built = [build(ChatOptions(model=source.model, engine=source.engine, url=url, served_model=source.served_model,
+                               api_key=source.api_key, tool_protocol=cfg.tool_protocol), console) for url in targets]
+    fmt = built[0][1]
+    if len(built) == 1:
+        return built[0][0], fmt
+    from rstar2_agent.engines.replicas import ReplicaPool
+
+    return ReplicaPool([e for e, _ in built], source.replica_policy, max_response_tokens=cfg.max_tokens), fmt
 
 
 def click_error(message: str) -> Exception:

@@ -89,7 +89,7 @@ def engine(smol):
 def flaky_proxy(upstream: str) -> FastAPI:
     """Forwards to a real server; while `app.state.fail` is set it answers 503 instead."""
     app = FastAPI()
-    app.state.fail, app.state.failed = True, 0
+    app.state.fail, app.state.failed, app.state.forwarded = True, 0, 0
     client = httpx.AsyncClient(base_url=upstream, timeout=120)
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
@@ -97,6 +97,7 @@ def flaky_proxy(upstream: str) -> FastAPI:
         if app.state.fail and path != "models":
             app.state.failed += 1
             return Response('{"error": {"message": "overloaded"}}', status_code=503)
+        app.state.forwarded += path == "completions"
         r = await client.request(request.method, f"/v1/{path}", content=await request.body(),
                                  headers={"content-type": "application/json"})
         return Response(r.content, status_code=r.status_code, media_type="application/json")
@@ -111,7 +112,7 @@ async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         proxy = flaky_proxy(upstream)
         async with uvicorn_app(proxy) as url:
-            source = Source(model=smol.path, url=url)
+            source = Source(model=smol.path, urls=[url])
             config = cfg(n=1, limit=2, retries=2, backoff=0.05, tool_protocol="markdown")
             await evaluate(["aime24"], source, config, store, "flaky", data_dir=str(FIXTURE))
             (result,) = load(store, "flaky")
@@ -126,11 +127,26 @@ async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path
             assert all(s.status == "ok" and s.attempts == 4 and s.tokens > 0 for s in result.samples)
 
 
+async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol):
+    server = Server(engine, sandbox, ServeConfig(model_name="smol", tool_protocol="markdown"))
+    store = Store(tmp_path / "eval.db")
+    async with uvicorn_app(create_app(server, manage=False)) as upstream:
+        a, b = flaky_proxy(upstream), flaky_proxy(upstream)
+        a.state.fail = b.state.fail = False
+        async with uvicorn_app(a) as url_a, uvicorn_app(b) as url_b:
+            source = Source(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
+            await evaluate(["aime24"], source, cfg(n=2, tool_protocol="markdown"), store, "pool",
+                           data_dir=str(FIXTURE))
+    (result,) = load(store, "pool")
+    assert len(result.samples) == 6 and result.errors == 0 and result.run.info["urls"] == [url_a, url_b]
+    assert a.state.forwarded > 0 and b.state.forwarded > 0  # both replicas served
+
+
 async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
     server = Server(engine, sandbox, ServeConfig(model_name="smol", tool_protocol="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as url:
-        await evaluate(["aime24"], Source(url=url), cfg(n=1, limit=3, api="chat", max_tokens=160), store, "chat",
+        await evaluate(["aime24"], Source(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=160), store, "chat",
                        data_dir=str(FIXTURE))
     (result,) = load(store, "chat")
     assert len(result.samples) == 3 and result.errors == 0 and result.run.model == url
@@ -166,7 +182,7 @@ async def test_chat_api_runs_tool_calls_client_side_with_a_scripted_chat_server(
     app = scripted_chat_server()
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(app) as url:
-        await evaluate(["aime24"], Source(url=url, served_model="scripted"), cfg(n=1, api="chat"), store, "chat",
+        await evaluate(["aime24"], Source(urls=[url], served_model="scripted"), cfg(n=1, api="chat"), store, "chat",
                        data_dir=str(FIXTURE))
     (result,) = load(store, "chat")
     assert [s.correct for s in result.samples] == [True, True, True]  # 5, 42 (gold "042"), 1024

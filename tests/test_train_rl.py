@@ -133,3 +133,13 @@ def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path):
     again = store.samples(run.id)
     assert len(again) == 16  # step 1's rollouts were replaced, not added
     assert sorted(s.problem_id for s in again if s.problem_id.startswith("step00001")) == step1  # same prompts
+
+
+def test_rl_recipes_fill_the_stages():
+    from rstar2_agent.train.recipe import load
+
+    cpu = load(RLConfig, "rl-smollm2-cpu", ["stages=[{steps: 1, max_turns: 2}]"])
+    assert cpu.stages == [Stage(steps=1, max_turns=2)]
+    paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
+    assert [s.steps for s in paper.stages] == [300, 85, 125] and paper.stages[2].filter_solved == 8
+    assert paper.stages[2].reset_optimizer and paper.prompts_per_step == 512 and paper.group_size == 16

@@ -40,6 +40,11 @@ def build(cls: type[T], values: dict[str, Any], where: str = "") -> T:
         hint = hints[key]
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = build(hint, value, f"{where}{key}.")
+        elif typing.get_origin(hint) is list and isinstance(value, list):
+            (item,) = typing.get_args(hint)
+            if dataclasses.is_dataclass(item):  # e.g. the RL stages
+                value = [build(item, v, f"{where}{key}[{i}].") if isinstance(v, dict) else v
+                         for i, v in enumerate(value)]
         kwargs[key] = value
     return cls(**kwargs)
 
