@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ def build(cls: type[T], values: dict[str, Any], where: str = "") -> T:
     kwargs = {}
     for key, value in values.items():
         hint = hints[key]
+        value = _coerce(hint, value, where + key)
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = build(hint, value, f"{where}{key}.")
         elif typing.get_origin(hint) is list and isinstance(value, list):
@@ -47,6 +49,22 @@ def build(cls: type[T], values: dict[str, Any], where: str = "") -> T:
                          for i, v in enumerate(value)]
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    """YAML reads `2e-5` as a string (its floats need a dot): numbers given for float/int fields become numbers."""
+    kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if float in kinds and isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise RecipeError(f"{key} must be a number, got {value!r}") from None
+    if int in kinds and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise RecipeError(f"{key} must be an integer, got {value!r}") from None
+    return value
 
 
 def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...] = ()) -> T:
