@@ -42,9 +42,10 @@ class DataStats:
     target_tokens: int = 0
 
 
-def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | None = None
+def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | None = None, chat: bool = True
                ) -> Iterator[dict[str, Any]]:
-    """Records of a chat JSONL file; a malformed line is logged with its number and skipped, or fatal."""
+    """Records of a JSONL file (with `chat`, each must hold a "messages" list); a malformed line is logged
+    with its number and skipped, or fatal."""
     stats = stats or DataStats()
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -53,7 +54,9 @@ def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | N
             stats.lines += 1
             try:
                 record = json.loads(line)
-                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+                if not isinstance(record, dict):
+                    raise ValueError("a record must be a JSON object")
+                if chat and not isinstance(record.get("messages"), list):
                     raise ValueError('a record must be an object with a "messages" list')
             except ValueError as e:
                 if on_bad_line == "fail":

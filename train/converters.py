@@ -182,14 +182,4 @@ def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None
         raise DataError(f"no data file {path}")
     if not fmt or fmt == "openai":
         return list(read_jsonl(path, on_bad_line, stats))
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as e:
-                    if on_bad_line == "fail":
-                        raise DataError(f"{path}:{lineno}: {e}") from e
-                    stats.bad_lines.append(lineno)
-    return _convert(rows, fmt, path, stats, on_bad_line)
+    return _convert(list(read_jsonl(path, on_bad_line, stats, chat=False)), fmt, path, stats, on_bad_line)

@@ -30,7 +30,7 @@ from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.models import resolve_model
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
-from rstar2_agent.store import Sample, Store
+from rstar2_agent.store import Store
 from rstar2_agent.trajectory import Trajectory
 
 from .learner import Learner, OptimConfig, link_last
@@ -259,17 +259,17 @@ def _batch(items: list[tuple[Trajectory, float]], pad_id: int) -> dict[str, torc
 
 
 def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups) -> None:
+    """Every rollout as a sample of the run (the eval report renders them), built as eval builds its samples."""
     from rstar2_agent.chat_format import extract_answer
+    from rstar2_agent.eval.benchmarks import Outcome, Problem
+    from rstar2_agent.eval.runner import to_sample
 
     for (pid, question, gold), group in zip(prompts, groups, strict=True):
+        problem = Problem(f"step{step:05d}/{pid}", question, gold)
         for k, (traj, reward) in enumerate(group):
-            store.add_sample(Sample(
-                run_id=run_id, problem_id=f"step{step:05d}/{pid}", sample_index=k, status="ok", correct=reward > 0,
-                answer=extract_answer(traj.text), gold=gold, stop_reason=traj.stop_reason,
-                tokens=traj.num_generated_tokens, tool_calls=len(traj.tool_calls),
-                tool_errors=sum(c.failed for c in traj.tool_calls), turns=len(traj.turns),
-                seconds=traj.timings.get("total", 0.0), timings=dict(traj.timings),
-                details={"question": question, "step": step}), traj.to_dict())
+            out = Outcome(traj, reward > 0, extract_answer(traj.text), gold, details={"question": question,
+                                                                                       "step": step})
+            store.add_sample(to_sample(run_id, problem, k, out, attempts=1), traj.to_dict())
 
 
 async def run_rl(cfg: RLConfig, resume: bool = False,
