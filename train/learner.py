@@ -137,12 +137,30 @@ class Learner:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.model.state_dict()
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """The whole optimizer state (under FSDP gathered from the shards: every rank must call it)."""
+        if self.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if self.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state,
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state)
+
     def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write the HF folder and the trainer state to a temporary folder, then rename it into place, so a
         failed write (a full disk) leaves the previous checkpoint whole."""
         folder = Path(folder)
         tmp = folder.with_name(folder.name + ".tmp")
-        state = self.full_state_dict()
+        state, optim = self.full_state_dict(), self.optimizer_state()
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -150,7 +168,7 @@ class Learner:
                 self.model.save_pretrained(tmp, state_dict=state)
                 self.tokenizer.save_pretrained(tmp)
                 (tmp / "rstar2.json").write_text(json.dumps(meta, indent=2))
-                torch.save({"step": self.step, "optimizer": self.optimizer.state_dict(),
+                torch.save({"step": self.step, "optimizer": optim,
                             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), **extra}, tmp / STATE_FILE)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -167,7 +185,7 @@ class Learner:
     def load_state(self, folder: str | Path) -> dict[str, Any]:
         """Optimizer, scheduler, step and RNG from a checkpoint whose weights this learner was built from."""
         state = torch.load(Path(folder) / STATE_FILE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_optimizer_state(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         set_rng_state(state["rng"])

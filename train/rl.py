@@ -33,6 +33,7 @@ from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.store import Store
 from rstar2_agent.trajectory import Trajectory
 
+from .distributed import LearnerGroup, RayConfig, start_rollout
 from .learner import Learner, OptimConfig, link_last
 from .loss import grpo_advantages, ppo_clip_loss, token_logprobs
 from .recipe import dump
@@ -74,6 +75,8 @@ class RLConfig:
     save_every: int = 0  # steps; stage ends always save
     db: str | None = None
     run: str | None = None
+    distributed: str = "none"  # none: one process, the hf engine shares the learner's weights; ray: distributed.py
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
@@ -92,21 +95,43 @@ def rollout_stats(traj: Trajectory, reward: float) -> RolloutStats:
 
 
 class RLRun:
+    """One RL run: the learner (in this process, or a Ray learner group), the rollout engine (the hf engine on
+    the learner's own weights, or Ray rollout workers behind a replica pool), the sandbox, the grader."""
+
     def __init__(self, cfg: RLConfig, resume: bool = False):
+        if cfg.distributed not in ("none", "ray"):
+            raise ValueError(f"distributed must be none or ray, not {cfg.distributed!r}")
         self.cfg = cfg
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
-        resolved = resolve_model(str(last) if last else cfg.model)
+        self.resolved = resolve_model(str(last) if last else cfg.model)
         total = sum(s.steps for s in cfg.stages)
-        self.learner = Learner(resolved.path, cfg.optim, total, dtype=cfg.dtype)
+        self.learner: Learner | LearnerGroup
+        if cfg.distributed == "ray":
+            from transformers import AutoTokenizer
+
+            self.learner = LearnerGroup(cfg.ray, self.resolved.path, cfg.optim, total, dtype=cfg.dtype)
+            tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
+        else:
+            self.learner = Learner(self.resolved.path, cfg.optim, total, dtype=cfg.dtype)
+            tokenizer = self.learner.tokenizer
         self.state: dict[str, Any] = self.learner.load_state(last) if last else {}
         self.pool_ids: list[str] | None = self.state.get("pool")
-        self.fmt = ChatFormat(self.learner.tokenizer, cfg.tool_protocol, resolved.spec.chat_template)
-        self.engine = HFEngine(resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
-                               context_length=resolved.spec.context_length)
-        self.context_length = resolved.spec.context_length
+        self.fmt = ChatFormat(tokenizer, cfg.tool_protocol, self.resolved.spec.chat_template)
+        self.context_length = self.resolved.spec.context_length
         self.grader = MathGrader()
-        self.sandbox = LocalSandbox(SandboxConfig(workers=2))
-        self.base_spec = resolved.spec
+        self.engine: Any = None
+        self.sandbox: Any = None
+
+    async def start(self) -> None:
+        spec, cfg = self.resolved.spec, self.cfg
+        if isinstance(self.learner, Learner):
+            self.engine = HFEngine(self.resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
+                                   context_length=spec.context_length)
+            self.sandbox = LocalSandbox(SandboxConfig(workers=2))
+        else:
+            self.engine, self.sandbox = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
+                                                            max(s.max_response_tokens for s in cfg.stages))
+        await self.sandbox.start()
 
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
@@ -126,7 +151,6 @@ class RLRun:
     async def rollouts(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int
                        ) -> list[list[tuple[Trajectory, float]]]:
         cfg = self.cfg
-        self.learner.model.eval()
 
         async def one(pid: str, question: str, gold: str, k: int) -> tuple[Trajectory, float]:
             sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
@@ -152,32 +176,22 @@ class RLRun:
 
     # ------------------------------------------------------------------ update
     def update(self, kept: list[list[tuple[Trajectory, float]]]) -> dict[str, float]:
-        cfg, learner = self.cfg, self.learner
-        learner.model.train()
-        items = [(traj, adv) for group in kept
-                 for (traj, _), adv in zip(group, grpo_advantages([r for _, r in group]), strict=True)]
-        total_tokens = sum(sum(t.response_mask) for t, _ in items)
-        metrics = {"loss": 0.0, "clip_frac": 0.0, "logprob_gap": 0.0, "entropy": 0.0}
-        for i in range(0, len(items), cfg.micro_batch):
-            part = items[i:i + cfg.micro_batch]
-            batch = _batch(part, self.fmt.tokenizer.pad_token_id or 0)
-            logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
-            logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
-            logp = token_logprobs(logits, targets, cfg.temperature)
-            mask = batch["mask"][:, 1:].to(learner.device)
-            loss, stats = ppo_clip_loss(logp, batch["old_logp"][:, 1:].to(learner.device),
-                                        batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low, cfg.eps_high,
-                                        denominator=total_tokens)
-            loss.backward()
-            weight = float(mask.sum()) / max(1, total_tokens)
-            with torch.no_grad():
-                probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
-                ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
-                metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
-            metrics["loss"] += float(loss.detach())
-            metrics["clip_frac"] += stats["clip_frac"] * weight
-            metrics["logprob_gap"] += stats["logprob_gap"] * weight
-        return {**metrics, **learner.optimizer_step(), "update_tokens": total_tokens}
+        items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, adv) for group in kept
+                 for (t, _), adv in zip(group, grpo_advantages([r for _, r in group]), strict=True)]
+        total = sum(sum(i.response_mask) for i in items)
+        pad = self.fmt.tokenizer.pad_token_id or 0
+        if isinstance(self.learner, Learner):
+            metrics = policy_update(self.learner, items, self.cfg, total, pad)
+            return {**metrics, **self.learner.optimizer_step(), "update_tokens": total}
+        return self.learner.update(items, self.cfg, total, pad)
+
+    async def sync_weights(self) -> float:
+        """Push the new weights to the rollout workers; seconds taken (0 in one process: shared weights)."""
+        if isinstance(self.learner, Learner):
+            return 0.0
+        t0 = time.perf_counter()
+        await self.engine.load_weights(await asyncio.to_thread(self.learner.weights))
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one step
     async def step(self, step: int, stage: Stage, pool: dict[str, tuple[str, str]], store: Store | None,
@@ -199,8 +213,9 @@ class RLRun:
             kept = [g for g in groups if len({r for _, r in g}) > 1]
             roc_metrics = {"roc_dropped_groups": len(groups) - len(kept)}
         t1 = time.perf_counter()
-        upd = self.update(kept) if kept else {"loss": 0.0, "update_tokens": 0, **self.learner.optimizer_step()}
+        upd = self.update(kept)  # nothing kept: no gradient, the step and schedule still advance
         t_update = time.perf_counter() - t1
+        t_sync = await self.sync_weights() if kept else 0.0
         flat = [(t, r) for g in groups for t, r in g]
         positives = [t for t, r in flat if r > 0]
         kept_pos = [t for g in kept for t, r in g if r > 0]
@@ -213,7 +228,7 @@ class RLRun:
             "tool_error_ratio_positive": _tool_error_ratio(positives),
             "tool_error_ratio_kept_positive": _tool_error_ratio(kept_pos),
             "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
-            "time_rollout": t_rollout, "time_update": t_update, "time_weight_sync": 0.0,  # hf shares the weights
+            "time_rollout": t_rollout, "time_update": t_update, "time_weight_sync": t_sync,
             "rollout_tokens_per_s": gen_tokens / t_rollout,
             **roc_metrics, **upd,
         }
@@ -231,8 +246,12 @@ class RLRun:
 
     async def close(self) -> None:
         self.grader.close()
-        await self.sandbox.close()
-        await self.engine.close()
+        if self.sandbox is not None:
+            await self.sandbox.close()
+        if self.engine is not None:
+            await self.engine.close()
+        if isinstance(self.learner, LearnerGroup):
+            await asyncio.to_thread(self.learner.close)
 
 
 def _tool_error_ratio(trajs: list[Trajectory]) -> float:
@@ -240,21 +259,64 @@ def _tool_error_ratio(trajs: list[Trajectory]) -> float:
     return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
 
 
-def _batch(items: list[tuple[Trajectory, float]], pad_id: int) -> dict[str, torch.Tensor]:
+@dataclass
+class UpdateItem:
+    """What the learner needs of one kept rollout (Ray ships these to the learner ranks)."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float]
+    advantage: float
+
+
+def policy_update(learner: Learner, items: list[UpdateItem], cfg: RLConfig, total_tokens: int, pad_id: int, *,
+                  batches: int = 0, scale: float = 1.0) -> dict[str, float]:
+    """Forward and backward of the token-level PPO-clip loss over `items` in micro-batches (no optimizer step).
+    The loss is divided by the whole step's response tokens, so micro-batches and ranks add up; `batches`
+    pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
+    gradient averaging over ranks. Metrics are this share's token-weighted parts."""
+    learner.model.train()
+    chunks: list[list[UpdateItem]] = [items[i:i + cfg.micro_batch] for i in range(0, len(items), cfg.micro_batch)]
+    chunks += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(chunks))
+    metrics = {"loss": 0.0, "clip_frac": 0.0, "logprob_gap": 0.0, "entropy": 0.0}
+    for part in chunks:
+        batch = _batch(part, pad_id)
+        logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
+        logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
+        logp = token_logprobs(logits, targets, cfg.temperature)
+        mask = batch["mask"][:, 1:].to(learner.device)
+        loss, stats = ppo_clip_loss(logp, batch["old_logp"][:, 1:].to(learner.device),
+                                    batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low, cfg.eps_high,
+                                    denominator=max(1, total_tokens))
+        (loss * scale).backward()
+        weight = float(mask.sum()) / max(1, total_tokens)
+        with torch.no_grad():
+            probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
+            ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
+            metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
+        metrics["loss"] += float(loss.detach())
+        metrics["clip_frac"] += stats["clip_frac"] * weight
+        metrics["logprob_gap"] += stats["logprob_gap"] * weight
+    learner.model.eval()
+    return metrics
+
+
+def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded prompt + response ids, the response mask (generated tokens), the engine's logprobs and
     each token's advantage, aligned so that position t holds token t."""
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t, _ in items)
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t in items)
     out = {k: torch.zeros((len(items), width), dtype=d) for k, d in (
         ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32), ("old_logp", torch.float32),
         ("adv", torch.float32))}
     out["input_ids"].fill_(pad_id)
-    for b, (t, adv) in enumerate(items):
+    for b, t in enumerate(items):
         p, r = len(t.prompt_ids), len(t.response_ids)
         out["input_ids"][b, :p + r] = torch.tensor(t.prompt_ids + t.response_ids)
         out["attention"][b, :p + r] = 1
-        out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
-        out["old_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
-        out["adv"][b, p:p + r] = adv
+        if r:
+            out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
+            out["old_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+        out["adv"][b, p:p + r] = t.advantage
     return out
 
 
@@ -284,8 +346,8 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
     total = sum(s.steps for s in cfg.stages)
     history: list[dict[str, float]] = []
     final = Path(cfg.out)
-    await run.sandbox.start()
     try:
+        await run.start()
         while run.learner.step < total:
             step = run.learner.step
             index, within = stage_of(cfg.stages, step)

@@ -419,7 +419,10 @@ class ReplicaPool(Engine):
 
 # ---------------------------------------------------------------- KV capacity as engines report it
 def reported_capacity(engine: Engine) -> int | None:
-    """KV cache tokens of an in-process vLLM engine (blocks x block size), else None."""
+    """KV cache tokens of an in-process vLLM engine (blocks x block size) or as a Ray replica reported it, else
+    None."""
+    if getattr(engine, "kv_capacity", None):
+        return int(engine.kv_capacity)
     cache = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
     if cache is not None and getattr(cache, "num_gpu_blocks", None):
         return int(cache.num_gpu_blocks) * int(cache.block_size)

@@ -1,0 +1,200 @@
+"""`distributed: ray` for `rstar2 train rl`: the learner, the rollout engines and the sandbox as Ray actors.
+
+- Learner group: `learners` actors, each one FSDP2 rank of the same Learner (torch.distributed over NCCL on
+  GPUs, gloo on CPU; rank 0's node is the rendezvous). The driver splits the kept rollouts over the ranks;
+  each rank computes its share of the token-level loss (the denominator is the whole step's token count) and
+  FSDP reduces the gradients; ranks with fewer micro-batches run empty ones so the collectives line up.
+- Rollout workers: `rollout_workers` engine actors (vLLM on GPU nodes, hf on CPU), behind a ReplicaPool
+  (the `replica_policy`, KV-aware by default) so the agent loop in the driver sees one engine.
+- Sandbox actors: `sandbox_actors` RaySandbox actors, each a warm isolated pool, on the nodes that have the
+  `sandbox_resources` (CPU nodes) when given.
+- Weight sync after every update: rank 0 gathers the full state dict, puts it once into the object store, and
+  every rollout worker loads it from there.
+
+`ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
+least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
+laptop and is what the tests drive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+STATE_KEYS_NOT_RETURNED = ("optimizer", "scheduler", "rng")
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # a running cluster ("auto", "ray://head:10001"); None: start one here
+    learners: int = 1  # FSDP ranks
+    gpus_per_learner: float = 0.0
+    cpus_per_learner: float = 1.0
+    rollout_workers: int = 2
+    rollout_engine: str = "hf"  # hf or vllm
+    gpus_per_rollout_worker: float = 0.0  # vLLM tensor parallelism: set engine_options.tensor_parallel_size too
+    cpus_per_rollout_worker: float = 1.0
+    engine_options: dict[str, Any] = field(default_factory=dict)  # e.g. {kv_cache_gib: 2, gpu_memory_utilization: 0.8}
+    replica_policy: str = "kv_aware"
+    sandbox_actors: int = 2
+    cpus_per_sandbox_actor: float = 1.0
+    sandbox_workers: int = 2  # warm workers per template in each sandbox actor
+    sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
+
+    def cpus_needed(self) -> float:
+        return (self.learners * self.cpus_per_learner + self.rollout_workers * self.cpus_per_rollout_worker
+                + self.sandbox_actors * self.cpus_per_sandbox_actor)
+
+
+def connect(cfg: RayConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"address": cfg.address, "ignore_reinit_error": True, "log_to_driver": False,
+                              "include_dashboard": False}
+    if cfg.address is None:  # a local cluster: the actors share this machine's cores
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(-(-cfg.cpus_needed() // 1)))
+    ray.init(**kwargs)
+
+
+class LearnerActor:
+    """One rank of the learner group (wrapped with ray.remote at runtime)."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.learner: Any = None
+
+    def address(self) -> tuple[str, int]:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return socket.gethostbyname(socket.gethostname()), port
+
+    def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
+              dtype: str) -> str:
+        import torch
+
+        from .learner import Learner, OptimConfig
+
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        self.learner = Learner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
+        return str(self.learner.device)
+
+    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int, batches: int) -> dict[str, float]:
+        from .rl import policy_update
+
+        metrics = policy_update(self.learner, items, cfg, total_tokens, pad_id, batches=batches, scale=self.world)
+        return {**metrics, **self.learner.optimizer_step()}
+
+    def weights(self, dtype: str | None) -> list[Any]:
+        """Every rank gathers; rank 0 puts the full state dict into the object store and returns [its ref]."""
+        import ray
+        import torch
+
+        state = self.learner.full_state_dict()
+        if self.rank != 0:
+            return []
+        if dtype == "bf16":
+            state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+        return [ray.put({k: v.detach().cpu().contiguous() for k, v in state.items()})]
+
+    def save(self, folder: str, extra: dict[str, Any], meta: dict[str, Any]) -> str:
+        return str(self.learner.save(folder, extra, meta))
+
+    def load_state(self, folder: str) -> dict[str, Any]:
+        state = self.learner.load_state(folder)
+        return {k: v for k, v in state.items() if k not in STATE_KEYS_NOT_RETURNED}
+
+    def reset_optimizer(self) -> None:
+        self.learner.reset_optimizer()
+
+    def shutdown(self) -> None:
+        import torch
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class LearnerGroup:
+    """The Learner's interface (step, update, save, load_state, reset_optimizer) over `learners` FSDP ranks."""
+
+    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
+        import ray
+
+        connect(cfg)
+        self.cfg, self.step = cfg, 0
+        cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner)(LearnerActor)
+        self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
+        master = ray.get(self.actors[0].address.remote())
+        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
+                           for a in self.actors])
+        log.info("learner group: %d ranks on %s", len(self.actors), ", ".join(devices))
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int) -> dict[str, float]:
+        """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add."""
+        world = len(self.actors)
+        shards = [items[r::world] for r in range(world)]
+        batches = max(-(-len(s) // cfg.micro_batch) for s in shards)
+        import ray
+
+        parts = ray.get([a.update.remote(s, cfg, total_tokens, pad_id, batches)
+                         for a, s in zip(self.actors, shards, strict=True)])
+        self.step += 1
+        summed = {k: sum(p[k] for p in parts) for k in ("loss", "clip_frac", "logprob_gap", "entropy")}
+        return {**summed, "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"], "update_tokens": total_tokens}
+
+    def weights(self) -> Any:
+        """A Ray object reference to the full state dict (bf16 for vLLM rollout workers)."""
+        refs = self._all("weights", "bf16" if self.cfg.rollout_engine == "vllm" else None)
+        return refs[0][0]
+
+    def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
+        return Path(self._all("save", str(folder), extra, meta)[0])
+
+    def load_state(self, folder: str | Path) -> dict[str, Any]:
+        state = self._all("load_state", str(folder))[0]
+        self.step = state["step"]
+        return state
+
+    def reset_optimizer(self) -> None:
+        self._all("reset_optimizer")
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            self._all("shutdown")
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+
+
+async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int):
+    """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started)."""
+    from rstar2_agent.engines.ray_engine import start_ray_engines
+    from rstar2_agent.engines.replicas import ReplicaPool
+    from rstar2_agent.sandbox import SandboxConfig
+    from rstar2_agent.sandbox.ray_pool import RaySandbox
+
+    connect(cfg)
+    engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
+                                      context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
+                                      num_gpus=cfg.gpus_per_rollout_worker, engine_options=cfg.engine_options)
+    pool = ReplicaPool(engines, cfg.replica_policy, max_response_tokens=max_response_tokens)
+    sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=cfg.sandbox_workers),
+                         num_cpus_per_actor=cfg.cpus_per_sandbox_actor,
+                         actor_options={"resources": cfg.sandbox_resources} if cfg.sandbox_resources else None)
+    return pool, sandbox
