@@ -78,6 +78,30 @@ def rl_cmd(recipe, resume, overrides) -> None:
                    f"(last) over {len(history)} steps")
 
 
+@train_group.command("bench", context_settings={"ignore_unknown_options": True})
+@click.option("--recipe", default="rl-smollm2-cpu", show_default=True,
+              help="A YAML file, or a recipe name in train/recipes/ (its first stage's settings are used).")
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+@click.argument("overrides", nargs=-1)
+def bench_cmd(recipe, rounds, overrides) -> None:
+    """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
+    import asyncio
+
+    from . import recipe as recipes
+    from .bench import bench_rollout
+    from .rl import RLConfig
+
+    try:
+        cfg = recipes.load(RLConfig, recipe, overrides)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from e
+    row = asyncio.run(bench_rollout(cfg, rounds))
+    click.echo(f"{row.rollouts} rollouts; bare engine tok/s per round: {', '.join(f'{x:.1f}' for x in row.bare_tok_s)}"
+               f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
+    click.echo(f"RL rollout / bare engine throughput (best rounds): {row.ratio:.3f}")
+    click.echo("one step: " + ", ".join(f"{k.removeprefix('time_')} {v:.1f} s" for k, v in row.split.items()))
+
+
 @train_group.command("report")
 @click.argument("run_name")
 @click.option("--db", default=None, help="Store: a SQLite file or a SQLAlchemy URL.")

@@ -150,21 +150,30 @@ class RLRun:
     # ------------------------------------------------------------------ rollouts
     async def rollouts(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int
                        ) -> list[list[tuple[Trajectory, float]]]:
-        cfg = self.cfg
-
-        async def one(pid: str, question: str, gold: str, k: int) -> tuple[Trajectory, float]:
-            sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                                      max_tokens=stage.max_response_tokens,
-                                      seed=zlib.crc32(f"{cfg.seed}:{step}:{pid}:{k}".encode()) & 0x7FFFFFFF)
-            acfg = AgentConfig(max_turns=stage.max_turns, max_response_tokens=stage.max_response_tokens,
-                               sampling=sampling)
-            traj = await run_agent(question, self.engine, self.sandbox, self.fmt, acfg)
-            truncated = traj.stop_reason in ("max_tokens", "max_turns", "engine_error")
-            grade = await self.grader.grade(traj.text, gold)
-            return traj, float(grade.correct and not truncated)
-
-        results = await asyncio.gather(*(one(pid, q, gold, k) for pid, q, gold in prompts for k in range(n)))
+        """n rollouts per prompt, then their rewards; `self.times` keeps how long each phase took."""
+        t0 = time.perf_counter()
+        trajs = await asyncio.gather(*(self.rollout(question, stage, f"{self.cfg.seed}:{step}:{pid}:{k}")
+                                       for pid, question, _ in prompts for k in range(n)))
+        t1 = time.perf_counter()
+        golds = [gold for _, _, gold in prompts for _ in range(n)]
+        rewards = await asyncio.gather(*(self.reward(t, gold) for t, gold in zip(trajs, golds, strict=True)))
+        self.times = {"time_rollout": t1 - t0, "time_grading": time.perf_counter() - t1}
+        results = list(zip(trajs, rewards, strict=True))
         return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    async def rollout(self, question: str, stage: Stage, key: str) -> Trajectory:
+        """One trajectory through the shared agent loop; its sampling seed is a function of `key`."""
+        cfg = self.cfg
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=stage.max_response_tokens,
+                                  seed=zlib.crc32(key.encode()) & 0x7FFFFFFF)
+        acfg = AgentConfig(max_turns=stage.max_turns, max_response_tokens=stage.max_response_tokens, sampling=sampling)
+        return await run_agent(question, self.engine, self.sandbox, self.fmt, acfg)
+
+    async def reward(self, traj: Trajectory, gold: str) -> float:
+        """1 if the final answer is right and the rollout was not cut off, else 0; no length penalty."""
+        if traj.stop_reason in ("max_tokens", "max_turns", "engine_error"):
+            return 0.0
+        return float((await self.grader.grade(traj.text, gold)).correct)
 
     async def filter_solved(self, stage: Stage, k: int) -> None:
         """Keep only the problems the current policy does not solve k out of k."""
@@ -199,9 +208,7 @@ class RLRun:
         cfg = self.cfg
         prompts = self.prompts(pool, step)
         n = 2 * cfg.group_size if cfg.roc else cfg.group_size
-        t0 = time.perf_counter()
         groups = await self.rollouts(prompts, n, stage, step)
-        t_rollout = time.perf_counter() - t0
         stats = [[rollout_stats(t, r) for t, r in g] for g in groups]
         if cfg.roc:
             kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
@@ -228,8 +235,8 @@ class RLRun:
             "tool_error_ratio_positive": _tool_error_ratio(positives),
             "tool_error_ratio_kept_positive": _tool_error_ratio(kept_pos),
             "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
-            "time_rollout": t_rollout, "time_update": t_update, "time_weight_sync": t_sync,
-            "rollout_tokens_per_s": gen_tokens / t_rollout,
+            **self.times, "time_update": t_update, "time_weight_sync": t_sync,
+            "rollout_tokens_per_s": gen_tokens / self.times["time_rollout"],
             **roc_metrics, **upd,
         }
         if store is not None:
