@@ -111,15 +111,10 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
 def build_engines(source: Source, cfg: EvalConfig, console: Console):
     """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
     stays on one replica; see rstar2_agent/engines/replicas.py)."""
-    targets = source.urls or [None] * source.replicas
-    built = [build(ChatOptions(model=source.model, engine=source.engine, url=url, served_model=source.served_model,
-                               api_key=source.api_key, tool_protocol=cfg.tool_protocol), console) for url in targets]
-    fmt = built[0][1]
-    if len(built) == 1:
-        return built[0][0], fmt
-    from rstar2_agent.engines.replicas import ReplicaPool
-
-    return ReplicaPool([e for e, _ in built], source.replica_policy, max_response_tokens=cfg.max_tokens), fmt
+    return build(ChatOptions(model=source.model, engine=source.engine, urls=tuple(source.urls),
+                             replicas=source.replicas, replica_policy=source.replica_policy,
+                             served_model=source.served_model, api_key=source.api_key, max_tokens=cfg.max_tokens,
+                             tool_protocol=cfg.tool_protocol), console)
 
 
 def click_error(message: str) -> Exception:

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from .agent import AgentConfig, run_agent
 from .chat_format import USER_TEMPLATE, ChatFormat
-from .engines import Engine, make_engine
+from .engines import Engine, make_engines
 from .engines.base import SamplingParams
 from .models import resolve_model
 from .sandbox import Sandbox
@@ -33,7 +33,9 @@ from .trajectory import ToolCallRecord, Trajectory
 class ChatOptions:
     model: str | None = None
     engine: str = "auto"  # vllm on GPU machines, hf on CPU, openai with --url
-    url: str | None = None
+    urls: tuple[str, ...] = ()  # OpenAI-compatible servers (several: a replica pool over them)
+    replicas: int = 1  # local engines behind one replica pool
+    replica_policy: str = "kv_aware"
     served_model: str | None = None
     api_key: str | None = None
     temperature: float = 0.6
@@ -43,7 +45,7 @@ class ChatOptions:
 
 
 def pick_engine(opts: ChatOptions) -> str:
-    if opts.url:
+    if opts.urls:
         return "openai"
     if opts.engine != "auto":
         return opts.engine
@@ -57,8 +59,10 @@ def build(opts: ChatOptions, console: Console) -> tuple[Engine, ChatFormat]:
     with console.status(f"resolving the model {opts.model or 'smollm2-135m'} ...") as status:
         resolved = resolve_model(opts.model)
         status.update(f"starting the {kind} engine on {resolved.path} ...")
-        engine = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=opts.url,
-                             served_model=opts.served_model, api_key=opts.api_key)
+        engine = make_engines(kind, resolved.path, context_length=resolved.spec.context_length, urls=opts.urls,
+                              replicas=opts.replicas, replica_policy=opts.replica_policy,
+                              max_response_tokens=opts.max_tokens, served_model=opts.served_model,
+                              api_key=opts.api_key)
     fmt = ChatFormat(engine.tokenizer, opts.tool_protocol or resolved.spec.tool_protocol,
                      resolved.spec.chat_template)
     return engine, fmt

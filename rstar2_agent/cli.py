@@ -49,8 +49,8 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
     from .models import ModelError
     from .sandbox import SandboxConfig, SandboxError, make_sandbox
 
-    opts = ChatOptions(model=model, engine=engine, url=url, served_model=served_model, api_key=api_key,
-                       temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
+    opts = ChatOptions(model=model, engine=engine, urls=(url,) if url else (), served_model=served_model,
+                       api_key=api_key, temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
                        tool_protocol=tool_protocol)
     sandbox = make_sandbox(list(sandbox_urls), config=SandboxConfig(workers=1, isolation=not unsafe))
     console = Console(stderr=as_json)

@@ -217,7 +217,10 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": server.cfg.model_name, "sandbox": await server.sandbox.stats()}
+        out = {"status": "ok", "model": server.cfg.model_name, "sandbox": await server.sandbox.stats()}
+        if hasattr(server.engine, "stats"):  # a replica pool: each replica's load
+            out["engine"] = server.engine.stats()
+        return out
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -14,7 +14,12 @@ from rstar2_agent.engines import ENGINES
 @click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
 @click.option("--engine", type=click.Choice(["auto", *ENGINES]), default="auto", show_default=True,
               help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
-@click.option("--url", default=None, help="Upstream OpenAI-compatible server for --engine openai.")
+@click.option("--url", "urls", multiple=True, help="Upstream OpenAI-compatible server for --engine openai; "
+              "several: a replica pool over them.")
+@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
+              help="Local engine replicas behind one replica pool (CPU engines; on GPUs, one server per GPU + --url).")
+@click.option("--replica-policy", type=click.Choice(["static", "least_outstanding", "kv_aware"]), default="kv_aware",
+              show_default=True, help="How conversations are placed on replicas (each stays on its replica).")
 @click.option("--served-model", default=None, help="The model's name on the upstream server.")
 @click.option("--served-model-name", default=None, help="The name clients use (default: the model's).")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -30,13 +35,14 @@ from rstar2_agent.engines import ENGINES
 @click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
               help="For the server-side tool loop; default: the model's.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def serve_cmd(model, engine, url, served_model, served_model_name, host, port, api_key, sandbox_urls,
-              sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, tool_protocol, unsafe) -> None:
+def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
+              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, tool_protocol,
+              unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself."""
     import uvicorn
 
     from rstar2_agent.chat import ChatOptions, pick_engine
-    from rstar2_agent.engines import EngineError, make_engine
+    from rstar2_agent.engines import EngineError, make_engines
     from rstar2_agent.models import ModelError, resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
@@ -46,7 +52,7 @@ def serve_cmd(model, engine, url, served_model, served_model_name, host, port, a
         resolved = resolve_model(model)
     except ModelError as e:
         raise click.ClickException(str(e)) from e
-    kind = pick_engine(ChatOptions(engine=engine, url=url))
+    kind = pick_engine(ChatOptions(engine=engine, urls=urls))
     config = SandboxConfig(isolation=not unsafe)
     if sandbox_workers:
         config.workers = sandbox_workers
@@ -58,12 +64,14 @@ def serve_cmd(model, engine, url, served_model, served_model_name, host, port, a
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
-            eng = make_engine(kind, resolved.path, context_length=resolved.spec.context_length, url=url,
-                              served_model=served_model)
+            eng = make_engines(kind, resolved.path, context_length=resolved.spec.context_length, urls=urls,
+                               replicas=replicas, replica_policy=replica_policy, max_response_tokens=max_tokens,
+                               served_model=served_model)
         except EngineError as e:
             raise click.ClickException(str(e)) from e
         app = create_app(Server(eng, make_sandbox(list(sandbox_urls), config=config), cfg))
-        click.echo(f"rstar2 serve: {cfg.model_name} on {kind}, http://{host}:{port}/v1", err=True)
+        pool = f" x {len(urls) or replicas} ({replica_policy})" if len(urls) > 1 or replicas > 1 else ""
+        click.echo(f"rstar2 serve: {cfg.model_name} on {kind}{pool}, http://{host}:{port}/v1", err=True)
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
 
     asyncio.run(main())

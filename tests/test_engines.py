@@ -75,7 +75,7 @@ def vllm_server(smol):
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smol.path, "--served-model-name",
             "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
-            str(CONTEXT), "--enforce-eager", "--disable-log-stats"]
+            str(CONTEXT), "--enforce-eager"]  # stats on: /metrics reports the KV cache size
     with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
         yield url
 
@@ -110,3 +110,19 @@ async def test_an_unreachable_engine_ends_in_the_trajectory(smol, sandbox):
         assert traj.stop_reason == "engine_error" and "is it running" in traj.error and traj.turns == []
     finally:
         await engine.close()
+
+
+async def test_a_pool_over_vllm_servers_reads_their_kv_capacity(vllm_server, smol):
+    """The KV-aware pool learns each server's KV cache from its /metrics at the first request: 1 GiB of bf16 KV
+    (VLLM_CPU_KVCACHE_SPACE=1) for SmolLM2-135M (30 layers x 3 KV heads x 64 dims x K and V x 2 bytes = 23,040
+    bytes a token) holds about 46,600 tokens, far more than the fallback of one context per replica."""
+    from rstar2_agent.engines.replicas import ReplicaPool
+
+    engines = [OpenAIEngine(vllm_server, model="smol", tokenizer_path=smol.path) for _ in range(2)]
+    pool = ReplicaPool(engines, "kv_aware")
+    try:
+        await pool.generate(prompt(pool.tokenizer), SamplingParams(temperature=0.0, max_tokens=4))
+        assert pool.context_length == CONTEXT  # from the servers' /v1/models
+        assert all(40_000 < load.capacity <= (1 << 30) // 23_040 for load in pool.loads)
+    finally:
+        await pool.close()

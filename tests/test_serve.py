@@ -213,3 +213,31 @@ async def test_load_64_concurrent_requests(url, client):
         metrics = (await c.get(f"{url}/metrics")).text
     assert 'status="5' not in metrics and "rstar2_requests_in_flight 0.0" in metrics
     assert 'rstar2_tokens_total{kind="completion"}' in metrics
+
+
+async def test_serve_cli_spreads_conversations_over_replicas(smol):
+    """`rstar2 serve --replicas 2` (the real CLI in a subprocess): concurrent conversations land on both hf
+    replicas, each multi-turn conversation on one of them, and /health shows every replica's load."""
+    import sys
+    from pathlib import Path
+
+    from rstar2_agent.serve.bench import running
+
+    from conftest import free_port
+
+    port = free_port()
+    argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--port", str(port), "--replicas", "2",
+            "--replica-policy", "least_outstanding", "--sandbox-workers", "1", "--tool-protocol", "markdown"]
+    with running(argv, port, timeout=240) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        replies = await asyncio.gather(*(client.chat.completions.create(
+            model="smollm2-135m", max_tokens=48, temperature=0.0, extra_body={"max_turns": 2},
+            messages=[{"role": "user", "content": f"{QUESTION} ({i})"}]) for i in range(6)))
+        assert all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
+        async with httpx.AsyncClient() as c:
+            health = (await c.get(f"{url}/health")).json()
+    engine = health["engine"]
+    assert engine["policy"] == "least_outstanding" and len(engine["replicas"]) == 2
+    placed = [r["placed"] for r in engine["replicas"]]
+    assert sum(placed) == 6 and min(placed) > 0  # one placement per conversation, on both replicas
+    assert all(r["trajectories"] == 0 and r["in_flight"] == 0 for r in engine["replicas"])  # all released

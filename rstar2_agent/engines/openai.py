@@ -35,7 +35,7 @@ class OpenAIEngine(Engine):
         self.context_length = context_length or 32768
         self._probed = context_length is not None
 
-    async def _probe(self) -> None:
+    async def probe(self) -> None:
         """Fill in the served model name and context length from GET /v1/models."""
         try:
             resp = await self.client.get(f"{self.base}/models")
@@ -51,7 +51,7 @@ class OpenAIEngine(Engine):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
         if not self._probed:
-            await self._probe()
+            await self.probe()
         body: dict[str, Any] = {
             "model": self.served_model, "prompt": list(prompt_ids), "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0,

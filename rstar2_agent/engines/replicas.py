@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -91,6 +92,7 @@ class Load:
     used: int = 0  # tokens its live trajectories hold: their contexts as last seen (adaptive kv_aware)
     trajectories: int = 0  # live trajectories placed on it
     in_flight: int = 0  # requests running or queued in the engine now
+    placed: int = 0  # trajectories placed on it so far
 
     @property
     def free(self) -> int:
@@ -244,7 +246,6 @@ class ReplicaPool(Engine):
         self.engines, self.policy = list(engines), policy
         self.tokenizer = engines[0].tokenizer
         self.model_path = engines[0].model_path
-        self.context_length = min(e.context_length for e in engines)
         self.max_response_tokens, self.max_trajectories = max_response_tokens, max_trajectories
         self.reserve_tokens, self.reserve_quantile = reserve_tokens, reserve_quantile
         budget = min(max_response_tokens or self.context_length, self.context_length)
@@ -259,21 +260,40 @@ class ReplicaPool(Engine):
         self._growing: list[deque[_Waiting]] = [deque() for _ in engines]  # turns waiting to grow, by replica
         self._placements = 0
         self.overflows = 0  # turns let go beyond their replica's capacity because all there waited (adaptive)
-        self.history: list[tuple[int, int]] = []  # (trajectory id, replica) of each request, for tests and logs
+        # (trajectory id, replica) of the latest requests, for tests and logs; bounded: a server runs for days
+        self.history: deque[tuple[int, int]] = deque(maxlen=100_000)
+        self._probed = False
+        self._probe_lock = asyncio.Lock()
+
+    @property
+    def context_length(self) -> int:  # type: ignore[override]  # remote engines learn theirs at the first request
+        return min(e.context_length for e in self.engines)
 
     @property
     def adaptive(self) -> bool:
         return self.policy == "kv_aware" and self.reserve_tokens is None and self.reserve_quantile is not None
 
     async def probe(self) -> None:
-        """Read KV capacity from OpenAI-compatible vLLM servers (their /metrics); call once before use."""
-        for i, engine in enumerate(self.engines):
-            cap = await served_capacity(engine)
-            if cap:
-                self.loads[i].capacity = cap
+        """Ask remote engines for their context length and KV capacity (vLLM servers' /metrics); the first
+        request does it."""
+        async with self._probe_lock:
+            if self._probed:
+                return
+            for i, engine in enumerate(self.engines):
+                if hasattr(engine, "probe"):
+                    await engine.probe()
+                cap = await served_capacity(engine)
+                if cap:
+                    self.loads[i].capacity = cap
+                elif self.policy == "kv_aware" and getattr(engine, "base", None):
+                    log.warning("%s reports no KV cache size (a vLLM server started with --disable-log-stats, or "
+                                "not vLLM): kv_aware assumes %d tokens there", engine.base, self.loads[i].capacity)
+            self._probed = True
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
+        if not self._probed:
+            await self.probe()
         if current_trajectory.get() is None:  # a lone request: a trajectory of one request
             with trajectory_scope():
                 return await self.generate(prompt_ids, sampling, on_tokens)
@@ -321,6 +341,7 @@ class ReplicaPool(Engine):
         reserved = min(need, self.loads[replica].capacity)
         self._placements += 1
         self.loads[replica].trajectories += 1
+        self.loads[replica].placed += 1
         self.loads[replica].reserved += reserved
         self._placed[scope_id] = placed = _Placed(replica, reserved, prompt_tokens)
         if self.adaptive:
@@ -410,6 +431,12 @@ class ReplicaPool(Engine):
             self._waiting.popleft()
             head.future.set_result(self._assign(head.scope_id, replica, head.need, head.prompt))
 
+    def stats(self) -> dict[str, Any]:
+        """What /health of `rstar2 serve` shows: the policy, overflows and each replica's load."""
+        return {"policy": self.policy, "overflows": self.overflows, "waiting": len(self._waiting),
+                "replicas": [{"engine": e.name, **dataclasses.asdict(load)}
+                             for e, load in zip(self.engines, self.loads, strict=True)]}
+
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         await asyncio.gather(*(e.load_weights(state_dict) for e in self.engines))
 
@@ -446,6 +473,8 @@ async def served_capacity(engine: Engine) -> int | None:
         return None
     labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
     try:
+        if labels.get("kv_cache_size_tokens", "None").isdigit():
+            return int(labels["kv_cache_size_tokens"])
         return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     except (KeyError, ValueError):
         return None
