@@ -113,8 +113,8 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
 
 @engines_group.command("simulate")
 @click.option("--replicas", default="8,64", show_default=True, help="Replica counts, comma-separated.")
-@click.option("--rollouts", type=click.IntRange(1), default=8192, show_default=True,
-              help="Rollouts in the step (paper: 512 prompts x 16).")
+@click.option("--rollouts", type=click.IntRange(1), default=16384, show_default=True,
+              help="Rollouts in the step (paper: 512 prompts x 32, RoC's oversampling of 2 x 16).")
 @click.option("--workload", type=click.Choice(["longtail", "recorded"]), default="longtail", show_default=True,
               help="longtail: shaped like the paper's; recorded: resampled from --db (default: a SmolLM2 sample).")
 @click.option("--db", default=None, help="A store (path or SQLAlchemy URL) for --workload recorded.")
