@@ -9,6 +9,7 @@ import asyncio
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,6 +192,14 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
             from_checkpoint = await saved.generate(prompt, greedy)
         assert from_worker.token_ids == from_checkpoint.token_ids
         assert from_worker.logprobs == pytest.approx(from_checkpoint.logprobs, abs=1e-4)
+        await run.close()
+
+        resumed = RLRun(cfg, resume=True)  # the FSDP ranks reload the gathered optimizer state
+        try:
+            assert resumed.learner.step == 1 and resumed.state["stage"] == 0
+            assert Path(resumed.resolved.path).resolve() == checkpoint.resolve()
+        finally:
+            await resumed.close()
     finally:
         await run.close()
         ray.shutdown()

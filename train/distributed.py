@@ -71,10 +71,13 @@ class LearnerActor:
         self.learner: Any = None
 
     def address(self) -> tuple[str, int]:
+        """This node's address as Ray knows it (reachable from the other nodes) and a free port."""
+        import ray
+
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return socket.gethostbyname(socket.gethostname()), port
+        return ray.util.get_node_ip_address(), port
 
     def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
               dtype: str) -> str:
@@ -145,11 +148,11 @@ class LearnerGroup:
 
     def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int) -> dict[str, float]:
         """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add."""
+        import ray
+
         world = len(self.actors)
         shards = [items[r::world] for r in range(world)]
         batches = max(-(-len(s) // cfg.micro_batch) for s in shards)
-        import ray
-
         parts = ray.get([a.update.remote(s, cfg, total_tokens, pad_id, batches)
                          for a, s in zip(self.actors, shards, strict=True)])
         self.step += 1
@@ -175,10 +178,11 @@ class LearnerGroup:
     def close(self) -> None:
         import ray
 
+        actors, self.actors = self.actors, []
         try:
-            self._all("shutdown")
+            ray.get([a.shutdown.remote() for a in actors])
         finally:
-            for a in self.actors:
+            for a in actors:
                 ray.kill(a)
 
 

@@ -252,13 +252,18 @@ class RLRun:
         return path
 
     async def close(self) -> None:
+        """Idempotent: stops the grader, the sandbox, the rollout engine(s) and the learner group."""
         self.grader.close()
-        if self.sandbox is not None:
-            await self.sandbox.close()
-        if self.engine is not None:
-            await self.engine.close()
-        if isinstance(self.learner, LearnerGroup):
+        sandbox, engine, self.sandbox, self.engine = self.sandbox, self.engine, None, None
+        if sandbox is not None:
+            await sandbox.close()
+        if engine is not None:
+            await engine.close()
+        if isinstance(self.learner, LearnerGroup) and self.learner.actors:
+            import ray
+
             await asyncio.to_thread(self.learner.close)
+            ray.shutdown()  # leaves a cluster we joined running; stops the one we started here
 
 
 def _tool_error_ratio(trajs: list[Trajectory]) -> float:
