@@ -144,6 +144,7 @@ def test_rl_recipes_fill_the_stages():
     paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
     assert [s.steps for s in paper.stages] == [300, 85, 125] and paper.stages[2].filter_solved == 8
     assert paper.stages[2].reset_optimizer and paper.prompts_per_step == 512 and paper.group_size == 16
+    assert paper.distributed == "ray" and paper.ray.rollout_engine == "vllm" and paper.ray.learners == 16
 
 
 @pytest.mark.slow
