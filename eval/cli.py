@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rstar2_agent.cli_options import replica_options
 from rstar2_agent.store import StoreError
 
 from .benchmarks import BENCHMARKS, DataError
@@ -32,10 +33,7 @@ def eval_group() -> None:
               help="auto: vllm on GPU machines, hf on CPU.")
 @click.option("--url", "urls", multiple=True, help="An OpenAI-compatible server to evaluate instead of a local engine; "
               "several: a replica pool over them.")
-@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
-              help="Local engine replicas behind one replica pool.")
-@click.option("--replica-policy", type=click.Choice(["static", "least_outstanding", "kv_aware"]), default="kv_aware",
-              show_default=True, help="How trajectories are placed on replicas.")
+@replica_options
 @click.option("--served-model", default=None, help="The model name on that server (default: its first).")
 @click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,

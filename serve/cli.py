@@ -7,6 +7,7 @@ import os
 
 import click
 
+from rstar2_agent.cli_options import replica_options
 from rstar2_agent.engines import ENGINES
 
 
@@ -16,10 +17,7 @@ from rstar2_agent.engines import ENGINES
               help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
 @click.option("--url", "urls", multiple=True, help="Upstream OpenAI-compatible server for --engine openai; "
               "several: a replica pool over them.")
-@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
-              help="Local engine replicas behind one replica pool (CPU engines; on GPUs, one server per GPU + --url).")
-@click.option("--replica-policy", type=click.Choice(["static", "least_outstanding", "kv_aware"]), default="kv_aware",
-              show_default=True, help="How conversations are placed on replicas (each stays on its replica).")
+@replica_options
 @click.option("--served-model", default=None, help="The model's name on the upstream server.")
 @click.option("--served-model-name", default=None, help="The name clients use (default: the model's).")
 @click.option("--host", default="127.0.0.1", show_default=True)

@@ -26,14 +26,10 @@ def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
     from rstar2_agent.models import ModelError
 
-    from . import recipe as recipes
     from .chat_data import DataError
     from .sft import SFTConfig, run_sft
 
-    try:
-        cfg = recipes.load(SFTConfig, recipe, overrides)
-    except RecipeError as e:
-        raise click.UsageError(str(e)) from e
+    cfg = _recipe(SFTConfig, recipe, overrides)
     bar, on_step = _progress("sft", lambda m: f"loss {m['loss']:.4f} lr {m['lr']:.2e} gnorm {m['grad_norm']:.2f} "
                                               f"{m['tokens_per_s']:.0f} tok/s")
 
@@ -58,13 +54,9 @@ def rl_cmd(recipe, resume, overrides) -> None:
 
     from rstar2_agent.models import ModelError
 
-    from . import recipe as recipes
     from .rl import RLConfig, run_rl
 
-    try:
-        cfg = recipes.load(RLConfig, recipe, overrides)
-    except RecipeError as e:
-        raise click.UsageError(str(e)) from e
+    cfg = _recipe(RLConfig, recipe, overrides)
     bar, on_step = _progress("rl", lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} "
                                              f"loss {m['loss']:+.4f} stage {m['stage']:.0f}")
     try:
@@ -87,14 +79,10 @@ def bench_cmd(recipe, rounds, overrides) -> None:
     """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
     import asyncio
 
-    from . import recipe as recipes
     from .bench import bench_rollout
     from .rl import RLConfig
 
-    try:
-        cfg = recipes.load(RLConfig, recipe, overrides)
-    except RecipeError as e:
-        raise click.UsageError(str(e)) from e
+    cfg = _recipe(RLConfig, recipe, overrides)
     row = asyncio.run(bench_rollout(cfg, rounds))
     click.echo(f"{row.rollouts} rollouts; bare engine tok/s per round: {', '.join(f'{x:.1f}' for x in row.bare_tok_s)}"
                f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
@@ -154,6 +142,16 @@ def data_cmd(source, out) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     click.echo(f"{len(records)} conversations -> {out}" + (f" ({len(stats.bad_lines)} bad rows skipped: "
                                                           f"{stats.bad_lines[:10]})" if stats.bad_lines else ""))
+
+
+def _recipe(cls, recipe: str, overrides: tuple[str, ...]):
+    """The recipe (a YAML file or a name in train/recipes/) with key=value overrides, as a `cls` dataclass."""
+    from . import recipe as recipes
+
+    try:
+        return recipes.load(cls, recipe, overrides)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from e
 
 
 def _progress(label: str, info):
