@@ -44,11 +44,7 @@ _CHILD_ENV = {
 }
 
 
-def python_paths() -> list[str]:
-    """Where the sandboxed interpreter finds the stdlib and the installed packages (numpy, sympy, ...)."""
-    paths = [sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
-             os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload")]
-    paths += site.getsitepackages() + [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+def _existing(paths: list[str]) -> list[str]:
     out: list[str] = []
     for p in paths:
         p = os.path.realpath(p)
@@ -57,8 +53,53 @@ def python_paths() -> list[str]:
     return out
 
 
+def stdlib_paths() -> list[str]:
+    """Where the interpreter finds its standard library (it finds them itself, given its binary)."""
+    stdlib = sysconfig.get_path("platstdlib")
+    return _existing([sysconfig.get_path("stdlib"), stdlib, os.path.join(stdlib, "lib-dynload")])
+
+
+def package_paths() -> list[str]:
+    """Where the sandboxed code imports installed packages from (numpy, sympy, ...): the environment's
+    site-packages, the user site (`pip install --user`) and PYTHONPATH (`pip install --target`). The runner
+    starts with -I -S, so these are put on its sys.path by hand (.pth files are not read)."""
+    paths = site.getsitepackages() + [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    if site.ENABLE_USER_SITE:
+        paths.append(site.getusersitepackages())
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    return [p for p in _existing(paths) if p != "/"]
+
+
 def python_binary() -> str:
     return os.path.realpath(sys.executable)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class HostView:
+    """Which host directories the sandbox sees read-only, and where. A directory stays at its own path unless
+    the sandbox mounts its own filesystem over that path (/tmp, /dev/shm, /dev, /proc): an environment in
+    /tmp would be hidden by the sandbox's private /tmp, so it is bound under /opt/rstar2/host/N instead."""
+
+    OWN_MOUNTS = ("/tmp", "/dev", "/proc")
+    ALIAS_ROOT = "/opt/rstar2/host"
+
+    def __init__(self, dirs: list[str]):
+        self.binds: dict[str, str] = {}  # host dir -> its path inside the sandbox
+        for d in dirs:
+            if _under(d, "/usr") or any(_under(d, host) for host in self.binds):
+                continue  # /usr is bound whole; a directory inside a bound one is visible already
+            hidden = any(_under(d, m) for m in self.OWN_MOUNTS)
+            self.binds[d] = f"{self.ALIAS_ROOT}/{len(self.binds)}" if hidden else d
+
+    def inside(self, path: str) -> str:
+        """The sandbox's path for a host path inside one of the bound directories (or /usr)."""
+        for host, mnt in self.binds.items():
+            if _under(path, host):
+                return mnt + path[len(host):]
+        return path
 
 
 def bwrap_path(explicit: str | None = None) -> str | None:
@@ -80,12 +121,10 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
     """The command that starts a runner in `mode` ('fork' or 'session')."""
     env = dict(_CHILD_ENV)
     env["RSTAR2_SANDBOX_PRELOAD"] = ",".join(preload)
-    py_paths = python_paths()
-    site_paths = [p for p in py_paths if "packages" in p]
-    env["RSTAR2_SANDBOX_PATH"] = os.pathsep.join(site_paths)
+    packages = package_paths()
     if not isolation:
         scratch = tempfile.mkdtemp(prefix="rstar2-sandbox-")
-        env.update(HOME=scratch, TMPDIR=scratch)
+        env.update(HOME=scratch, TMPDIR=scratch, RSTAR2_SANDBOX_PATH=os.pathsep.join(packages))
         return Launch([python_binary(), "-I", "-S", str(RUNNER), mode, scratch], env, scratch)
     exe = bwrap_path(bwrap)
     if exe is None:
@@ -106,13 +145,10 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
         if p.exists():
             argv += ["--ro-bind", str(p), str(p)]
     py_bin = python_binary()
-    prefix = os.path.realpath(sys.base_prefix)
-    binds = [prefix]
-    for p in [*py_paths, os.path.dirname(py_bin)]:
-        if not p.startswith(("/usr/", prefix + "/")) and p not in binds:
-            binds.append(p)
-    for p in binds:
-        argv += ["--ro-bind", p, p]
+    view = HostView([os.path.realpath(sys.base_prefix), *stdlib_paths(), os.path.dirname(py_bin), *packages])
+    for host, mnt in view.binds.items():
+        argv += ["--ro-bind", host, mnt]
+    env["RSTAR2_SANDBOX_PATH"] = os.pathsep.join(view.inside(p) for p in packages)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",
              "--size", str(scratch_bytes), "--tmpfs", "/tmp",
              "--ro-bind", str(RUNNER), SANDBOX_RUNNER, "--remount-ro", "/", "--chdir", "/tmp"]
@@ -126,7 +162,7 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
         os.lseek(fd, 0, os.SEEK_SET)
         argv += ["--seccomp", str(fd)]
         pass_fds = (fd,)
-    argv += [py_bin, "-I", "-S", SANDBOX_RUNNER, mode, "/tmp"]
+    argv += [view.inside(py_bin), "-I", "-S", SANDBOX_RUNNER, mode, "/tmp"]
     return Launch(argv, {}, None, pass_fds)
 
 
