@@ -132,13 +132,11 @@ def git_commit() -> str | None:
 class Store:
     def __init__(self, db: str | os.PathLike | None = None):
         self.url = as_url(db)
-        if self.url.startswith("sqlite:///"):
-            Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.engine = create_engine(self.url)
-            if self.engine.dialect.name == "sqlite":
-                event.listen(self.engine, "connect", _sqlite_pragmas)
-            Base.metadata.create_all(self.engine)
+            if self.url.startswith("sqlite:///"):
+                _create_sqlite_file(Path(self.url.removeprefix("sqlite:///")))
+            self.engine = _connect(self.url)
+            Base.metadata.create_all(self.engine)  # a no-op on a file made above; adds tables a newer version has
         except SQLAlchemyError as e:
             raise StoreError(f"cannot open the store {self.url}: {e}; check --db (a file path or a "
                              "SQLAlchemy URL such as postgresql://user@host/db)") from e
@@ -224,6 +222,38 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _connect(url: str):
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _create_sqlite_file(path: Path) -> None:
+    """Make a new SQLite store appear with its tables already in it: the schema is written to a file beside it,
+    which is then linked into place (atomic; when another process made the file first, theirs is kept). So no
+    reader that sees the file (a report, a test polling a running eval) ever finds it without tables."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    engine = _connect(f"sqlite:///{tmp}")
+    try:
+        Base.metadata.create_all(engine)
+        engine.dispose()  # closes the file and folds its WAL back in
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: rename, unless the file appeared meanwhile
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        engine.dispose()
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 def _sqlite_pragmas(conn, _record) -> None:
