@@ -121,22 +121,17 @@ class RLRun:
         self.grader = MathGrader()
         self.engine: Any = None
         self.sandbox: Any = None
-        self.owns_sandbox = True  # False: start() was given a sandbox, which close() leaves running
 
-    async def start(self, sandbox: Any = None) -> None:
-        """Build the rollout engine(s) and start the sandbox; `sandbox`: a started one to use (not closed here)."""
+    async def start(self) -> None:
         spec, cfg = self.resolved.spec, self.cfg
         if isinstance(self.learner, Learner):
             self.engine = HFEngine(self.resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
                                    context_length=spec.context_length)
-            own = LocalSandbox(SandboxConfig(workers=2))
+            self.sandbox = LocalSandbox(SandboxConfig(workers=2))
         else:
-            self.engine, own = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
-                                                   max(s.max_response_tokens for s in cfg.stages))
-        self.owns_sandbox = sandbox is None
-        self.sandbox = own if sandbox is None else sandbox
-        if self.owns_sandbox:
-            await own.start()
+            self.engine, self.sandbox = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
+                                                            max(s.max_response_tokens for s in cfg.stages))
+        await self.sandbox.start()
 
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
@@ -260,7 +255,7 @@ class RLRun:
         """Idempotent: stops the grader, the sandbox, the rollout engine(s) and the learner group."""
         self.grader.close()
         sandbox, engine, self.sandbox, self.engine = self.sandbox, self.engine, None, None
-        if sandbox is not None and self.owns_sandbox:
+        if sandbox is not None:
             await sandbox.close()
         if engine is not None:
             await engine.close()

@@ -212,13 +212,15 @@ class ProcessCap:
         except OSError:
             return False
 
-    def join(self) -> None:
-        """Called in the child between fork and exec: move this process into the cgroup."""
-        if self.path is not None:
-            try:
-                (self.path / "cgroup.procs").write_text(str(os.getpid()))
-            except OSError:
-                pass
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` started by a shell that first moves itself into the cgroup, then execs it. The join used to be a
+        preexec_fn, which made the forked child run Python, and with it every library's os.register_at_fork
+        child handler (huggingface_hub closes its httpx client, torch's inductor drops its pools, ...): in a
+        multi-threaded host one of them can wait on a lock a thread held at the fork, and the worker never
+        starts (the 120 s start hang seen once a test session had run the serve tests)."""
+        if self.path is None:
+            return argv
+        return ["/bin/sh", "-c", '{ echo $$ > "$0"; } 2>/dev/null; exec "$@"', str(self.path / "cgroup.procs"), *argv]
 
     def remove(self) -> None:
         if self.path is not None:

@@ -56,13 +56,17 @@ class Worker:
         launch = build_launch(self.mode, isolation=self.isolation, scratch_bytes=self.limits.scratch_bytes,
                               preload=self.preload, bwrap=self.bwrap)
         self.host_scratch = launch.host_scratch
+        argv = launch.argv
         if needs_process_cap():
             self.cap = ProcessCap(self.name, self.limits.max_processes + 8)
-        preexec = self.cap.join if self.cap and self.cap.path else None
+            argv = self.cap.wrap(argv)
         try:
+            # No preexec_fn: Python code between fork and exec in this multi-threaded process (engine threads,
+            # uvicorn) runs every library's at-fork handler in the child, and one that waits on a lock another
+            # thread held at the fork hangs the child before exec (see ProcessCap.wrap).
             self.proc = await asyncio.create_subprocess_exec(
-                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=launch.env or None, preexec_fn=preexec,
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=launch.env or None,
                 limit=1 << 26, start_new_session=True, pass_fds=launch.pass_fds)
         finally:
             for fd in launch.pass_fds:
