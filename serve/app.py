@@ -31,7 +31,7 @@ from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
 from .metrics import ServeMetrics
-from .protocol import ChatRequest, CompletionRequest, OpenAIError, new_id, now
+from .protocol import ChatRequest, CompletionRequest, OpenAIError, new_id, now, validation_error
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,22 @@ class Server:
             raise OpenAIError(404, f"The model `{name}` does not exist; this server serves `{self.cfg.model_name}`.",
                               "model", "model_not_found")
 
-    def check_fits(self, prompt_ids: list[int]) -> None:
-        if len(prompt_ids) >= self.engine.context_length:
-            raise OpenAIError(400, f"The prompt has {len(prompt_ids)} tokens; this model's context is "
-                              f"{self.engine.context_length}. Shorten the messages.", "messages",
+    def check_fits(self, prompt_ids: list[int], budget: int | None, prompt_param: str, budget_param: str) -> None:
+        """The prompt and the requested response budget both fit in the model's context."""
+        n, context = len(prompt_ids), self.engine.context_length
+        if n >= context:
+            raise OpenAIError(400, f"The prompt has {n} tokens; this model's context is {context}. Shorten the "
+                              f"{prompt_param}.", prompt_param, "context_length_exceeded")
+        if budget is not None and n + budget > context:
+            raise OpenAIError(400, f"{budget_param} is {budget}, but the prompt has {n} tokens and this model's "
+                              f"context is {context}: ask for at most {context - n}.", budget_param,
                               "context_length_exceeded")
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise OpenAIError(400, f"{param}[{bad}] is {ids[bad]}; token ids must be integers in "
+                              f"[0, {self.vocab_size})", f"{param}[{bad}]")
 
     def sampling(self, req: Any, index: int, budget: int | None, **extra: Any) -> SamplingParams:
         seed = None if req.seed is None else req.seed + index
@@ -193,12 +204,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
-        if first.get("type") == "json_invalid":
-            message = "The request body is not valid JSON."
-        return JSONResponse(OpenAIError(400, message, where).body(), status_code=400)
+        return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
 
     @app.middleware("http")
     async def _auth_and_count(request: Request, call_next):
@@ -235,7 +241,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
         prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
-        server.check_fits(prompt)
+        server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
         if req.stream:
             return StreamingResponse(stream_chat(server, req, cid, prompt), media_type="text/event-stream")
@@ -261,9 +267,9 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         server.check_model(req.model)
         tok = server.engine.tokenizer
         prompt = list(req.prompt) if isinstance(req.prompt, list) else tok.encode(req.prompt)
-        if any(not isinstance(t, int) or t < 0 or t >= server.vocab_size for t in prompt):
-            raise OpenAIError(400, f"prompt token ids must be integers in [0, {server.vocab_size})", "prompt")
-        server.check_fits(prompt)
+        server.check_token_ids(prompt, "prompt")
+        server.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
+        server.check_fits(prompt, req.max_tokens, "prompt", "max_tokens")
         cid = new_id("cmpl")
         if req.stream:
             return StreamingResponse(stream_completion(server, req, prompt, cid), media_type="text/event-stream")

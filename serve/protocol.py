@@ -1,12 +1,33 @@
-"""OpenAI request and response shapes for `rstar2 serve`, and the error format."""
+"""OpenAI request and response shapes for `rstar2 serve`, the checks a request passes before it reaches the
+engine, and the error format.
+
+Where each check lives: field types and ranges are pydantic's (strict: "stream": "yes" is not true); the shape
+of nested fields (messages, tools, tool_choice, stop, prompt) is a field validator; what this server does
+not do and what depends on two fields is the model validator. A failed check raises `InvalidField`, which
+names the field as OpenAI does ("messages[1].content"); `validation_error` turns pydantic's first error into
+the 400 answer.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 16
+MAX_STOP = 4
+MAX_TOOLS = 128
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TEXT_PART = '{"type": "text", "text": "..."}'
+_CALL = '{"id": "...", "type": "function", "function": {"name": "...", "arguments": "<a JSON object, as a string>"}}'
+_TOOL = '{"type": "function", "function": {"name": "...", "description": "...", "parameters": {<JSON Schema>}}}'
+_NAMED = '{"type": "function", "function": {"name": "<one of tools>"}}'
 
 
 class OpenAIError(Exception):
@@ -21,17 +42,200 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+class InvalidField(ValueError):
+    """A request field that fails a check; `param` is its path, e.g. "tools[0].function.name"."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def field_path(loc: Sequence[str | int]) -> str:
+    """("messages", 1, "content") -> "messages[1].content"."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def validation_error(errors: Sequence[Any]) -> OpenAIError:
+    """The 400 answer for the first of FastAPI's validation errors of a request body."""
+    first = errors[0] if errors else {}
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidField):
+        return OpenAIError(400, str(cause), cause.param)
+    if first.get("type") == "json_invalid":
+        return OpenAIError(400, "The request body is not valid JSON.")
+    param = field_path(first.get("loc", ())[1:])  # the first element is "body"
+    if not param:
+        return OpenAIError(400, "The request body must be a JSON object (sent with Content-Type: application/json).")
+    return OpenAIError(400, f"{param}: {first.get('msg', 'invalid value')}", param)
+
+
+# ---------------------------------------------------------------------------------------------- nested shapes
+def first_unencodable(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where the first string that is not Unicode text is (a lone surrogate, from a "\\ud800" escape); the
+    tokenizer cannot encode one."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return loc
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = first_unencodable(key, loc) or first_unencodable(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_message(m: dict[str, Any], at: str) -> None:
+    role = m.get("role")
+    if role not in ROLES:
+        raise InvalidField(f"{at}.role", f"{at}.role must be one of {', '.join(ROLES)}; got {role!r}")
+    if not isinstance(m.get("name", ""), str):
+        raise InvalidField(f"{at}.name", f"{at}.name must be a string")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise InvalidField(f"{at}.tool_calls", f"{at} is a {role} message; only assistant messages have tool_calls")
+        check_tool_calls(calls, f"{at}.tool_calls")
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise InvalidField(f"{at}.tool_call_id", f"{at} is a tool result: give the id of the call it answers as "
+                                                 "tool_call_id (a string)")
+    if not (role == "assistant" and calls and m.get("content") is None):  # a call alone needs no text
+        check_content(m.get("content"), f"{at}.content")
+
+
+def check_content(content: Any, at: str) -> None:
+    """A string, or a list of text parts."""
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        got = "missing" if content is None else f"a {type(content).__name__}"
+        raise InvalidField(at, f"{at} must be a string or a list of text parts {_TEXT_PART}; it is {got}")
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise InvalidField(f"{at}[{j}].type", f"{at}[{j}] is a {kind!r} part, but this model reads text only; "
+                                                  f"send text parts {_TEXT_PART}")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise InvalidField(f"{at}[{j}]", f"{at}[{j}] must be a text part {_TEXT_PART}")
+
+
+def check_tool_calls(calls: Any, at: str) -> None:
+    if not isinstance(calls, list):
+        raise InvalidField(at, f"{at} must be a list of calls {_CALL}")
+    for k, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        shaped = isinstance(fn, dict) and call.get("type", "function") == "function"
+        if not shaped or not isinstance(call.get("id"), str):
+            raise InvalidField(f"{at}[{k}]", f"{at}[{k}] must be {_CALL}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidField(f"{at}[{k}].function.name", f"{at}[{k}].function.name must be a non-empty string")
+        if not _is_json_object(fn.get("arguments")):
+            raise InvalidField(f"{at}[{k}].function.arguments", f"{at}[{k}].function.arguments must be a JSON "
+                                                                "object encoded as a string, e.g. json.dumps(args)")
+
+
+def _is_json_object(text: Any) -> bool:
+    try:
+        return isinstance(text, str) and isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def check_tool(tool: Any, at: str) -> str:
+    """The tool's name, once its entry has the OpenAI shape."""
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(fn, dict) or tool.get("type") != "function":
+        raise InvalidField(at, f"{at} must be {_TOOL}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise InvalidField(f"{at}.function.name", f"{at}.function.name must be 1 to 64 letters, digits, _ or -; "
+                                                  f"got {name!r}")
+    if not isinstance(fn.get("description", ""), str | None):
+        raise InvalidField(f"{at}.function.description", f"{at}.function.description must be a string")
+    if not _is_object_schema(fn.get("parameters")):
+        raise InvalidField(f"{at}.function.parameters", f"{at}.function.parameters must be a JSON Schema object: "
+                                                        '{"type": "object", "properties": {"<arg>": {...}}, '
+                                                        '"required": ["<arg>"]}')
+    return name
+
+
+def _is_object_schema(schema: Any) -> bool:
+    """What the call checker reads of a tool's JSON Schema: properties that are objects, required names."""
+    if schema is None:
+        return True
+    if not isinstance(schema, dict):
+        return False
+    props, required = schema.get("properties") or {}, schema.get("required") or []
+    return (isinstance(props, dict) and all(isinstance(p, dict) for p in props.values())
+            and isinstance(required, list) and all(isinstance(r, str) for r in required))
+
+
+# ---------------------------------------------------------------------------------------------- requests
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # unknown fields are ignored, as OpenAI does
+    # unknown fields are ignored, as OpenAI does; strict: no "1.0" for a number, no "yes" for true
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     temperature: float = Field(default=0.6, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1 - MAX_N)  # seed + choice index: an int64
     stream: bool = False
+    stream_options: dict[str, bool] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, body: Any) -> Any:
+        loc = first_unencodable(body) if isinstance(body, dict) else None
+        if loc is not None:
+            at = field_path(loc)
+            raise InvalidField(at, f"{at} holds a lone surrogate (an escape in \\ud800-\\udfff), which is not "
+                                   "text; send valid UTF-8")
+        return body
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, stop: Any) -> Any:
+        stops = [stop] if isinstance(stop, str) else stop
+        if stop is not None and not (isinstance(stops, list) and len(stops) <= MAX_STOP
+                                     and all(isinstance(s, str) and s for s in stops)):
+            raise InvalidField("stop", f"stop must be a non-empty string or a list of at most {MAX_STOP} of them")
+        return stop
+
+    @model_validator(mode="after")
+    def _supported(self) -> _Request:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise InvalidField(name, f"{name} is not supported: the engines sample with temperature and top_p "
+                                         "only; leave it at 0")
+        if self.logit_bias:
+            raise InvalidField("logit_bias", "logit_bias is not supported: the engines cannot bias tokens; leave "
+                                             "it out")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise InvalidField("response_format.type", f"response_format {self.response_format.get('type')!r} is "
+                               'not supported (there is no guided decoding): send {"type": "text"} and ask for '
+                               "JSON in the prompt")
+        if self.stream_options is not None:
+            if not self.stream:
+                raise InvalidField("stream_options", "stream_options is only allowed with stream=true")
+            if set(self.stream_options) - {"include_usage"}:
+                raise InvalidField("stream_options", "stream_options takes only include_usage")
+            if self.stream_options.get("include_usage"):
+                raise InvalidField("stream_options.include_usage", "stream_options.include_usage is not "
+                                   "supported: streams carry no usage chunk; a request without stream returns it")
+        return self
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -39,10 +243,11 @@ class _Request(BaseModel):
 
 class ChatRequest(_Request):
     messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # extensions (extra_body)
     max_turns: int | None = Field(default=None, ge=1, le=100)
     tool_timeout: float | None = Field(default=None, gt=0, le=600)
@@ -50,18 +255,60 @@ class ChatRequest(_Request):
 
     @field_validator("messages")
     @classmethod
-    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-                raise ValueError(f"messages[{i}] needs a role of system, user, assistant or tool")
+            check_message(m, f"messages[{i}]")
         return messages
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        seen: set[str] = set()
+        for i, tool in enumerate(tools or []):
+            name = check_tool(tool, f"tools[{i}]")
+            if name in seen:
+                raise InvalidField(f"tools[{i}].function.name", f"two tools are named {name!r}; names must be unique")
+            seen.add(name)
+        return tools
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, choice: Any) -> Any:
+        if choice == "required":
+            raise InvalidField("tool_choice", 'tool_choice "required" is not supported: a call cannot be forced '
+                               '(there is no guided decoding); use "auto" and ask for the call in the prompt')
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        named = isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str)
+        if not named and choice not in (None, "none", "auto"):
+            raise InvalidField("tool_choice", f'tool_choice must be "none", "auto" or {_NAMED}; got {choice!r}')
+        return choice
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> ChatRequest:
+        names = [t["function"]["name"] for t in self.tools or []]
+        if self.tool_choice not in (None, "none") and not names:
+            raise InvalidField("tool_choice", "tool_choice needs tools: send the functions it chooses from in tools")
+        chosen = self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+        if chosen is not None and chosen not in names:
+            raise InvalidField("tool_choice.function.name", f"tool_choice names {chosen!r}, which is not in tools "
+                                                            f"({', '.join(names)})")
+        if self.top_logprobs:
+            raise InvalidField("top_logprobs", "top_logprobs is not supported: only the sampled token's logprob "
+                                               "is returned; leave it at 0")
+        if self.logprobs and (self.stream or self.tools):
+            raise InvalidField("logprobs", "logprobs are returned only for a request without stream and without "
+                                           "tools; drop one or the other")
+        return self
 
     def budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def budget_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] = Field(min_length=1)
+    prompt: str | list[int]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
@@ -72,6 +319,27 @@ class CompletionRequest(_Request):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+            raise InvalidField("prompt", "a batch of prompts (a list of strings or of token-id lists) is not "
+                                         "supported; send one prompt per request")
+        if not prompt or not (isinstance(prompt, str) or isinstance(prompt, list)
+                              and all(type(t) is int for t in prompt)):
+            raise InvalidField("prompt", "prompt must be a non-empty string or a non-empty list of token ids")
+        return prompt
+
+    @model_validator(mode="after")
+    def _completion_supported(self) -> CompletionRequest:
+        if self.logprobs:
+            raise InvalidField("logprobs", "logprobs above 0 is not supported: only the sampled token's logprob "
+                                           "is returned; send logprobs=0")
+        if self.echo:
+            raise InvalidField("echo", "echo is not supported: the prompt is not returned with the completion; "
+                                       "prepend it yourself")
+        return self
 
 
 def new_id(prefix: str) -> str:
