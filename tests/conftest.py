@@ -81,3 +81,21 @@ def smol_tokenizer(smol):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smol.path)
+
+
+@pytest.fixture(scope="session")
+def engine(smol):
+    """One hf engine with SmolLM2 for the whole session (the agent loop, eval, serve and validation tests)."""
+    from rstar2_agent.engines.hf import HFEngine
+
+    return HFEngine(smol.path, context_length=smol.spec.context_length)
+
+
+@pytest.fixture(scope="session")
+async def serve_url(engine, sandbox):
+    """One `rstar2 serve` app (markdown tool protocol) on loopback for the session, over the shared engine."""
+    from rstar2_agent.serve.app import ServeConfig, Server, create_app
+
+    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown"))
+    async with uvicorn_app(create_app(server, manage=False)) as url:
+        yield url

@@ -9,17 +9,11 @@ import pytest
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.trajectory import STOP_REASONS, Trajectory
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 2**100? Use Python."
-
-
-@pytest.fixture(scope="module")
-def engine(smol):
-    return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
 def check_structure(traj: Trajectory, fmt: ChatFormat) -> None:

@@ -18,7 +18,6 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.eval.benchmarks import Context, get_benchmark
 from rstar2_agent.eval.harness import Source, evaluate
 from rstar2_agent.eval.report import load
@@ -79,11 +78,6 @@ async def test_two_aime24_problems(tmp_path):
     (result,) = load(store, "aime")
     assert result.summary["problems"] == 2 and result.summary["samples"] == 2
     assert {s.problem_id for s in result.samples} == {"60", "61"}
-
-
-@pytest.fixture(scope="module")
-def engine(smol):
-    return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
 def flaky_proxy(upstream: str) -> FastAPI:

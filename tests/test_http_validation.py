@@ -10,11 +10,9 @@ import httpx
 import openai
 import pytest
 
-from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.server import MAX_BATCH, MAX_CODE_CHARS
 from rstar2_agent.sandbox.server import create_app as sandbox_app
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
 
 from conftest import uvicorn_app
 
@@ -121,16 +119,9 @@ BAD_COMPLETIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(smol):
-    return HFEngine(smol.path, context_length=smol.spec.context_length)
-
-
-@pytest.fixture(scope="module")
-async def url(engine, sandbox):
-    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown"))
-    async with uvicorn_app(create_app(server, manage=False)) as u:
-        yield u
+@pytest.fixture
+def url(serve_url):
+    return serve_url
 
 
 async def tokens_counted(c: httpx.AsyncClient, url: str) -> list[str]:

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.engines.openai import OpenAIEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.remote import RemoteSandbox
@@ -28,11 +27,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                                 "city": {"type": "string"}}, "required": ["city"]}}}
 
 
-@pytest.fixture(scope="module")
-def engine(smol):
-    return HFEngine(smol.path, context_length=smol.spec.context_length)
-
-
 @contextlib.asynccontextmanager
 async def serving(engine, sandbox, **cfg):
     server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown", **cfg))
@@ -40,10 +34,9 @@ async def serving(engine, sandbox, **cfg):
         yield url
 
 
-@pytest.fixture(scope="module")
-async def url(engine, sandbox):
-    async with serving(engine, sandbox) as u:
-        yield u
+@pytest.fixture
+def url(serve_url):
+    return serve_url
 
 
 @pytest.fixture

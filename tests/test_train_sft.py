@@ -139,9 +139,15 @@ def tiny(tmp_path, **kw) -> SFTConfig:
     return SFTConfig(**{**base, **kw})
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One SFT run (12 steps), made once for the tests that need a trained checkpoint."""
+    return run_sft(tiny(tmp_path_factory.mktemp("trained"), epochs=2))
+
+
 @pytest.mark.slow
-def test_loss_falls_and_the_checkpoint_answers_in_chat(tmp_path):
-    final, history = run_sft(tiny(tmp_path, epochs=2))
+def test_loss_falls_and_the_checkpoint_answers_in_chat(trained):
+    final, history = trained
     losses = [h["loss"] for h in history]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.6 * sum(losses[:3]), losses
     assert (final / "model.safetensors").is_file() and (final / "trainer_state.pt").is_file()
@@ -155,11 +161,11 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(tmp_path):
 
 
 @pytest.mark.slow
-async def test_the_checkpoint_loads_in_vllm(tmp_path):
+async def test_the_checkpoint_loads_in_vllm(trained):
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.vllm import VLLMEngine
 
-    final, _ = run_sft(tiny(tmp_path, max_steps=1))
+    final, _ = trained
     engine = VLLMEngine(str(final), context_length=2048, kv_cache_gib=0.5)
     try:
         gen = await engine.generate(engine.tokenizer.encode("2 + 2 ="), SamplingParams(max_tokens=4, temperature=0))

@@ -99,6 +99,8 @@ class Benchmark:
             if (d / self.file).is_file():
                 return read_jsonl(d / self.file)
         try:
+            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+                raise ConnectionError("HF_HUB_OFFLINE is set")  # datasets reads it only when first imported
             import datasets
 
             ds = datasets.load_dataset(self.hub_id, self.hub_config, split=self.split)
