@@ -191,28 +191,36 @@ main.add_command(_train_group(), "train")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--requests", type=click.IntRange(4), default=16, show_default=True)
-def serve_bench_cmd(model, max_tokens, requests) -> None:
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
+def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:
     """rstar2 serve against vLLM's own OpenAI server: tokens/s and time to first token; tool-call overhead."""
+    import statistics
+
     from rich.console import Console
     from rich.table import Table
 
-    from rstar2_agent.serve.bench import run_bench
+    from rstar2_agent.serve.bench import run_bench, summarize
 
     from .models import resolve_model
 
     resolved = resolve_model(model)
     console = Console()
-    with console.status("running vLLM's server, then rstar2 serve ..."):
-        rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests)
-    table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming)")
+    with console.status("starting vLLM's server and rstar2 serve, then alternating rounds ..."):
+        rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests,
+                                                rounds=rounds)
+    table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming), median of "
+                        f"{rounds} rounds")
     for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms"):
         table.add_column(col)
-    for r in rows:
-        table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
-                      f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}")
+    summary = summarize(rows)
+    for _, *median, _ in summary:
+        for r in median:
+            table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
+                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}")
     console.print(table)
-    for conc in sorted({r.concurrency for r in rows}):
-        a, b = (next(r for r in rows if r.concurrency == conc and r.server.startswith(p)) for p in ("vLLM", "rstar2"))
-        console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {b.tokens_per_s / a.tokens_per_s:.3f}")
+    for conc, _, _, ratios in summary:
+        console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {statistics.median(ratios):.3f} "
+                      f"(per round: {', '.join(f'{x:.3f}' for x in ratios)})")
     console.print(f"tools on: a tool call adds {extra_ms:.1f} ms beyond the program's own {own_ms:.1f} ms "
                   f"(median over {n} requests)")

@@ -1,9 +1,11 @@
-"""`rstar2 serve-bench`: `rstar2 serve` (vllm engine) against vLLM's own OpenAI server, in one run.
+"""`rstar2 serve-bench`: `rstar2 serve` (vllm engine) against vLLM's own OpenAI server, side by side in one run.
 
 Tools off: the same token-id prompts through `/v1/completions` (streaming, every request generating exactly
-`max_tokens`), at concurrency 1 and 16; output tokens/s and time to first token. The servers run one after
-the other (two vLLM instances would share the same cores). Tools on: on `rstar2 serve`, the time a tool
-call adds beyond the program's own run time (the loop's tool wall time minus the sandbox's `duration`).
+`max_tokens`), at concurrency 1 and 16; output tokens/s and time to first token. Both servers are up at once
+and are measured in alternating rounds (A B, then B A, ...), one at a time, so that a drift of the shared
+machine falls on both; the ratio is taken per round and reported as the median and range over rounds.
+Tools on: on `rstar2 serve`, the time a tool call adds beyond the program's own run time (the loop's tool
+wall time minus the sandbox's `duration`).
 """
 
 from __future__ import annotations
@@ -134,7 +136,9 @@ async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, f
     return statistics.median(extra), statistics.median(own), len(extra)
 
 
-def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 16):
+def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 16, rounds: int = 3):
+    """Rows for every (round, concurrency, server), and the tool-call overhead. Each concurrency level sends
+    max(concurrency, 4) of the `requests` prompts."""
     from transformers import AutoTokenizer
 
     from rstar2_agent.chat_format import ChatFormat
@@ -150,12 +154,27 @@ def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requ
                  "--disable-log-stats"]
     ours_argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--engine", "vllm", "--model", model_path,
                  "--served-model-name", "m", "--port", str(ours_port), "--max-concurrency", "64"]
-    with running(vllm_argv, vllm_port, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}) as url:
-        for conc in concurrencies:
-            rows.append(asyncio.run(measure(url, "vLLM OpenAI server", "m", prompts[: max(conc, 4)], conc, max_tokens)))
-    with running(ours_argv, ours_port) as url:
-        for conc in concurrencies:
-            rows.append(asyncio.run(measure(url, "rstar2 serve (vllm)", "m", prompts[: max(conc, 4)], conc,
-                                            max_tokens)))
-        tools = asyncio.run(tool_overhead(url, "m"))
+    with running(vllm_argv, vllm_port, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}) as theirs, \
+            running(ours_argv, ours_port) as ours:
+        servers = [(VLLM_SERVER, theirs), (RSTAR2_SERVE, ours)]
+        for k in range(rounds):
+            for conc in concurrencies:
+                for name, url in servers if k % 2 == 0 else servers[::-1]:
+                    rows.append(asyncio.run(measure(url, name, "m", prompts[: max(conc, 4)], conc, max_tokens)))
+        tools = asyncio.run(tool_overhead(ours, "m"))
     return rows, tools
+
+
+VLLM_SERVER, RSTAR2_SERVE = "vLLM OpenAI server", "rstar2 serve (vllm)"
+
+
+def summarize(rows: list[ServeRow]) -> list[tuple[int, ServeRow, ServeRow, list[float]]]:
+    """Per concurrency: each server's median row over rounds, and the per-round throughput ratios (ours/vLLM)."""
+    out = []
+    for conc in sorted({r.concurrency for r in rows}):
+        theirs = [r for r in rows if r.concurrency == conc and r.server == VLLM_SERVER]
+        ours = [r for r in rows if r.concurrency == conc and r.server == RSTAR2_SERVE]
+        ratios = [b.tokens_per_s / a.tokens_per_s for a, b in zip(theirs, ours, strict=True)]
+        median = [sorted(side, key=lambda r: r.tokens_per_s)[len(side) // 2] for side in (theirs, ours)]
+        out.append((conc, median[0], median[1], ratios))
+    return out
