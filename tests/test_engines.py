@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 import pytest
 
@@ -14,12 +13,11 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.openai import OpenAIEngine
-from rstar2_agent.serve.bench import running
 
-from conftest import free_port
+from conftest import VLLM_CONTEXT, free_port
 
 pytestmark = pytest.mark.slow
-CONTEXT = 2048
+CONTEXT = VLLM_CONTEXT  # the in-process engine's, and the session's vLLM server's
 
 
 def prompt(tokenizer) -> list[int]:
@@ -68,16 +66,6 @@ async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
     await vllm_engine.load_weights(weights)
     restored = await vllm_engine.generate(ids, greedy)
     assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
-
-
-@pytest.fixture(scope="module")
-def vllm_server(smol):
-    port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smol.path, "--served-model-name",
-            "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len",
-            str(CONTEXT), "--enforce-eager"]  # stats on: /metrics reports the KV cache size
-    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
-        yield url
 
 
 async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):

@@ -219,7 +219,7 @@ def _stored(db: Path, run: str) -> list[tuple]:
 def test_a_run_killed_with_sigkill_resumes_to_the_same_results(tmp_path):
     db = tmp_path / "eval.db"
     args = [RSTAR2, "eval", "aime24", "--data-dir", str(FIXTURE), "--n", "2", "--temperature", "0", "--max-tokens",
-            "96", "--max-turns", "2", "--concurrency", "1", "--db", str(db)]
+            "64", "--max-turns", "2", "--concurrency", "1", "--db", str(db)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([*args, "--run", "killed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env, start_new_session=True)

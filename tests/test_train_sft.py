@@ -139,15 +139,9 @@ def tiny(tmp_path, **kw) -> SFTConfig:
     return SFTConfig(**{**base, **kw})
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One SFT run (12 steps), made once for the tests that need a trained checkpoint."""
-    return run_sft(tiny(tmp_path_factory.mktemp("trained"), epochs=2))
-
-
 @pytest.mark.slow
-def test_loss_falls_and_the_checkpoint_answers_in_chat(trained):
-    final, history = trained
+def test_loss_falls_and_the_checkpoint_answers_in_chat(sft_checkpoint):
+    final, history = sft_checkpoint  # the session's SFT run: 6 synthetic conversations, 2 epochs
     losses = [h["loss"] for h in history]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.6 * sum(losses[:3]), losses
     assert (final / "model.safetensors").is_file() and (final / "trainer_state.pt").is_file()
@@ -161,17 +155,16 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(trained):
 
 
 @pytest.mark.slow
-async def test_the_checkpoint_loads_in_vllm(trained):
-    from rstar2_agent.engines.base import SamplingParams
-    from rstar2_agent.engines.vllm import VLLMEngine
+async def test_the_checkpoint_loads_in_vllm(sft_checkpoint, vllm_server):
+    """The session's vLLM OpenAI server was started on this checkpoint's folder; it answers greedily."""
+    import httpx
 
-    final, _ = trained
-    engine = VLLMEngine(str(final), context_length=2048, kv_cache_gib=0.5)
-    try:
-        gen = await engine.generate(engine.tokenizer.encode("2 + 2 ="), SamplingParams(max_tokens=4, temperature=0))
-        assert len(gen.token_ids) >= 1
-    finally:
-        await engine.close()
+    async with httpx.AsyncClient(timeout=120) as c:
+        served = (await c.get(f"{vllm_server}/v1/models")).json()["data"][0]
+        r = await c.post(f"{vllm_server}/v1/completions", json={"model": "smol", "prompt": "2 + 2 =", "max_tokens": 4,
+                                                               "temperature": 0})
+    assert served["root"] == str(sft_checkpoint[0])  # vLLM loaded the checkpoint's own folder
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
 @pytest.mark.slow
