@@ -129,7 +129,7 @@ async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol)
         a.state.fail = b.state.fail = False
         async with uvicorn_app(a) as url_a, uvicorn_app(b) as url_b:
             source = Source(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
-            await evaluate(["aime24"], source, cfg(n=2, tool_protocol="markdown"), store, "pool",
+            await evaluate(["aime24"], source, cfg(n=2, tool_protocol="markdown", max_tokens=48), store, "pool",
                            data_dir=str(FIXTURE))
     (result,) = load(store, "pool")
     assert len(result.samples) == 6 and result.errors == 0 and result.run.info["urls"] == [url_a, url_b]

@@ -195,13 +195,16 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
         assert from_worker.token_ids == from_checkpoint.token_ids
         assert from_worker.logprobs == pytest.approx(from_checkpoint.logprobs, abs=1e-4)
         await run.close()
+        assert not ray.is_initialized()  # the run started its local cluster, so it stopped it
 
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # a user who connected Ray themselves
         resumed = RLRun(cfg, resume=True)  # the FSDP ranks reload the gathered optimizer state
         try:
             assert resumed.learner.step == 1 and resumed.state["stage"] == 0
             assert Path(resumed.resolved.path).resolve() == checkpoint.resolve()
         finally:
             await resumed.close()
+        assert ray.is_initialized()  # ...stays connected after the run closes
     finally:
         await run.close()
         ray.shutdown()

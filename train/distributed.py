@@ -51,16 +51,19 @@ class RayConfig:
                 + self.sandbox_actors * self.cpus_per_sandbox_actor)
 
 
-def connect(cfg: RayConfig) -> None:
+def connect(cfg: RayConfig) -> bool:
+    """Connect this process to Ray; True when this call started it (a local cluster, or a connection to
+    `address`), False when the process was connected already (then whoever connected it also disconnects)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict[str, Any] = {"address": cfg.address, "ignore_reinit_error": True, "log_to_driver": False,
                               "include_dashboard": False}
     if cfg.address is None:  # a local cluster: the actors share this machine's cores
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(-(-cfg.cpus_needed() // 1)))
     ray.init(**kwargs)
+    return True
 
 
 class LearnerActor:
@@ -132,7 +135,7 @@ class LearnerGroup:
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
         import ray
 
-        connect(cfg)
+        self.connected_here = connect(cfg)  # then close() of the run disconnects
         self.cfg, self.step = cfg, 0
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner)(LearnerActor)
         self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]

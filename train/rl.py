@@ -263,7 +263,8 @@ class RLRun:
             import ray
 
             await asyncio.to_thread(self.learner.close)
-            ray.shutdown()  # leaves a cluster we joined running; stops the one we started here
+            if self.learner.connected_here:  # a process its user connected to Ray stays connected
+                ray.shutdown()  # leaves a cluster we joined running; stops the one we started here
 
 
 def _tool_error_ratio(trajs: list[Trajectory]) -> float:
