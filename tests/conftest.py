@@ -112,22 +112,3 @@ def sft_checkpoint(tmp_path_factory):
     return run_sft(SFTConfig(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=2,
                              out=str(out / "sft"), optim=OptimConfig(lr=1e-4, warmup_steps=0),
                              db=str(out / "store.db")))
-
-
-VLLM_CONTEXT = 2048
-
-
-@pytest.fixture(scope="session")
-def vllm_server(sft_checkpoint):
-    """vLLM's own OpenAI server (a subprocess) for the session, serving the SFT checkpoint as "smol": the engine
-    tests drive it with the openai engine, and it shows that our checkpoints load in vLLM."""
-    import sys
-
-    from rstar2_agent.serve.bench import running
-
-    port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(sft_checkpoint[0]),
-            "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-            "--max-model-len", str(VLLM_CONTEXT), "--enforce-eager"]  # stats on: /metrics reports the KV cache size
-    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
-        yield url

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 
 import pytest
 
@@ -13,11 +14,12 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.openai import OpenAIEngine
+from rstar2_agent.serve.bench import running
 
-from conftest import VLLM_CONTEXT, free_port
+from conftest import free_port
 
 pytestmark = pytest.mark.slow
-CONTEXT = VLLM_CONTEXT  # the in-process engine's, and the session's vLLM server's
+CONTEXT = 2048
 
 
 def prompt(tokenizer) -> list[int]:
@@ -66,6 +68,31 @@ async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
     await vllm_engine.load_weights(weights)
     restored = await vllm_engine.generate(ids, greedy)
     assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
+
+
+@pytest.fixture(scope="module")
+def vllm_server(sft_checkpoint):
+    """vLLM's own OpenAI server (a subprocess), serving the session's SFT checkpoint as "smol": the openai engine
+    tests drive it, and it shows that our checkpoints load in vLLM. Module-scoped: an idle vLLM server still
+    costs CPU, so it stops before the rest of the suite runs."""
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(sft_checkpoint[0]),
+            "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+            "--max-model-len", str(CONTEXT), "--enforce-eager"]  # stats on: /metrics reports the KV cache size
+    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
+        yield url
+
+
+async def test_an_sft_checkpoint_loads_in_vllms_server(sft_checkpoint, vllm_server):
+    """The server was started on the checkpoint's own folder (config, tokenizer, weights as SFT saved them)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120) as c:
+        served = (await c.get(f"{vllm_server}/v1/models")).json()["data"][0]
+        r = await c.post(f"{vllm_server}/v1/completions", json={"model": "smol", "prompt": "2 + 2 =", "max_tokens": 4,
+                                                               "temperature": 0})
+    assert served["root"] == str(sft_checkpoint[0])
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
 async def test_openai_engine_token_ids_in_and_out(vllm_server, smol, sandbox):
