@@ -22,7 +22,7 @@ class _EvalGroup(click.Group):
 @click.group("eval", cls=_EvalGroup)
 def eval_group() -> None:
     """Evaluate a model with the tool: `rstar2 eval aime24` (benchmarks: aime24, aime25, hmmt25, math500,
-    gpqa_diamond; a comma list runs several). Results are stored; the same --run name resumes."""
+    gpqa_diamond, bfcl_v3, synth; a comma list runs several). Results are stored; the same --run name resumes."""
 
 
 @eval_group.command("run")

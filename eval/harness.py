@@ -5,13 +5,13 @@ reports."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from rstar2_agent.chat import ChatOptions, build
+from rstar2_agent.engines.spec import EngineSpec, build
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 from rstar2_agent.store import Store
@@ -26,15 +26,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Source:
-    """Where the samples come from: a local model on an engine, or an OpenAI-compatible endpoint."""
-    model: str | None = None  # registry name, folder or hub id (with --url: where the tokenizer comes from)
-    engine: str = "auto"
-    urls: list[str] = field(default_factory=list)  # several: a replica pool over them
-    replicas: int = 1  # local engines (several: a replica pool)
-    replica_policy: str = "kv_aware"
-    served_model: str | None = None
-    api_key: str | None = None
+class Source(EngineSpec):
+    """Where the samples come from: a local model on an engine (several: a replica pool), or an OpenAI-compatible
+    endpoint (several `urls`: a replica pool over them); `model` with urls: where the tokenizer comes from. The
+    response budget and the tool protocol come from the run's EvalConfig."""
     sandbox_urls: list[str] = field(default_factory=list)
     isolation: bool = True
     grader_timeout: float = 10.0
@@ -111,10 +106,8 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
 def build_engines(source: Source, cfg: EvalConfig, console: Console):
     """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
     stays on one replica; see rstar2_agent/engines/replicas.py)."""
-    return build(ChatOptions(model=source.model, engine=source.engine, urls=tuple(source.urls),
-                             replicas=source.replicas, replica_policy=source.replica_policy,
-                             served_model=source.served_model, api_key=source.api_key, max_tokens=cfg.max_tokens,
-                             tool_protocol=cfg.tool_protocol), console)
+    with console.status("") as status:
+        return build(replace(source, max_tokens=cfg.max_tokens, tool_protocol=cfg.tool_protocol), status.update)
 
 
 def click_error(message: str) -> Exception:

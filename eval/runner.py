@@ -1,4 +1,4 @@
-"""The harness: runs a benchmark's samples with many in flight, grades them, stores each one as it finishes,
+"""One benchmark run: runs its samples with many in flight, grades them, stores each one as it finishes,
 and resumes a run by name. A killed process loses at most the samples in flight.
 
 An engine error (the endpoint failed or timed out) is retried with back-off; a sample that keeps failing is
@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_agent.agent import AgentConfig, run_agent
-from rstar2_agent.chat_format import answer_blocks, last_boxed
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.store import Sample, Store
+from rstar2_agent.store import Store, sample_row
 
-from .benchmarks import Benchmark, Context, Outcome, Problem
+from .benchmarks import Benchmark, Context, Problem
 
 log = logging.getLogger(__name__)
 
@@ -79,26 +78,6 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
     return agent
 
 
-def format_check(traj) -> dict[str, bool]:
-    """What the SFT stage teaches: the first turn makes well-formed tool calls; the answer is in
-    <answer>\\boxed{}</answer>."""
-    first = traj.turns[0].tool_calls if traj.turns else []
-    return {"first_turn_call": bool(first) and all(c.error is None for c in first),
-            "answer_block": any(last_boxed(b) is not None for b in answer_blocks(traj.text))}
-
-
-def to_sample(run_id: int, problem: Problem, index: int, out: Outcome, attempts: int) -> Sample:
-    traj = out.trajectory
-    failed = traj.stop_reason == "engine_error"
-    out.details.setdefault("format", format_check(traj))
-    return Sample(run_id=run_id, problem_id=problem.id, sample_index=index, status="error" if failed else "ok",
-                  correct=out.correct, answer=out.predicted, gold=out.gold, reason=out.reason,
-                  stop_reason=traj.stop_reason, tokens=sum(t.num_tokens for t in traj.turns),
-                  tool_calls=len(traj.tool_calls), tool_errors=sum(c.failed for c in traj.tool_calls),
-                  turns=len(traj.turns), seconds=traj.timings.get("total", 0.0), timings=dict(traj.timings),
-                  details=out.details, error=traj.error, attempts=attempts)
-
-
 async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context, cfg: EvalConfig, store: Store,
                         run_id: int, on_progress: Callable[[Progress], None] | None = None) -> Progress:
     """Run every (problem, sample) of the run that is not stored yet; returns the counts."""
@@ -131,7 +110,8 @@ async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context,
             log.warning("%s #%d: %s; retry %d/%d in %.0f s", problem.id, index, out.trajectory.error, attempt + 1,
                         cfg.retries, delay)
             await asyncio.sleep(delay)
-        sample = to_sample(run_id, problem, index, out, attempt + 1)
+        sample = sample_row(run_id, problem.id, index, out.trajectory, correct=out.correct, answer=out.predicted,
+                            gold=out.gold, reason=out.reason, details=out.details, attempts=attempt + 1)
         await asyncio.to_thread(store.add_sample, sample, out.trajectory.to_dict())
         prog.done += 1
         prog.correct += sample.correct

@@ -22,50 +22,23 @@ from rich.text import Text
 
 from .agent import AgentConfig, run_agent
 from .chat_format import USER_TEMPLATE, ChatFormat
-from .engines import Engine, make_engines
+from .engines import Engine
 from .engines.base import SamplingParams
-from .models import resolve_model
+from .engines.spec import EngineSpec
+from .engines.spec import build as build_engine
 from .sandbox import Sandbox
 from .trajectory import ToolCallRecord, Trajectory
 
 
 @dataclass
-class ChatOptions:
-    model: str | None = None
-    engine: str = "auto"  # vllm on GPU machines, hf on CPU, openai with --url
-    urls: tuple[str, ...] = ()  # OpenAI-compatible servers (several: a replica pool over them)
-    replicas: int = 1  # local engines behind one replica pool
-    replica_policy: str = "kv_aware"
-    served_model: str | None = None
-    api_key: str | None = None
+class ChatOptions(EngineSpec):
     temperature: float = 0.6
     max_turns: int = 10
-    max_tokens: int = 4096
-    tool_protocol: str | None = None  # default: the model's, from the registry
-
-
-def pick_engine(opts: ChatOptions) -> str:
-    if opts.urls:
-        return "openai"
-    if opts.engine != "auto":
-        return opts.engine
-    import torch
-
-    return "vllm" if torch.cuda.is_available() else "hf"
 
 
 def build(opts: ChatOptions, console: Console) -> tuple[Engine, ChatFormat]:
-    kind = pick_engine(opts)
-    with console.status(f"resolving the model {opts.model or 'smollm2-135m'} ...") as status:
-        resolved = resolve_model(opts.model)
-        status.update(f"starting the {kind} engine on {resolved.path} ...")
-        engine = make_engines(kind, resolved.path, context_length=resolved.spec.context_length, urls=opts.urls,
-                              replicas=opts.replicas, replica_policy=opts.replica_policy,
-                              max_response_tokens=opts.max_tokens, served_model=opts.served_model,
-                              api_key=opts.api_key)
-    fmt = ChatFormat(engine.tokenizer, opts.tool_protocol or resolved.spec.tool_protocol,
-                     resolved.spec.chat_template)
-    return engine, fmt
+    with console.status("") as status:
+        return build_engine(opts, status.update)
 
 
 class Renderer:

@@ -245,6 +245,21 @@ def answer_blocks(text: str) -> list[str]:
     return re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
 
 
+def well_formed_answer(text: str) -> bool:
+    """The response ends its answer as the format asks: its last <answer> block holds a \\boxed{} (GRPO-RoC's
+    format penalty and eval's format share both use this)."""
+    blocks = answer_blocks(text)
+    return bool(blocks) and last_boxed(blocks[-1]) is not None
+
+
+def format_check(traj: Any) -> dict[str, bool]:
+    """What the SFT stage teaches: the first turn makes well-formed tool calls; the answer is in
+    <answer>\\boxed{}</answer>."""
+    first = traj.turns[0].tool_calls if traj.turns else []
+    return {"first_turn_call": bool(first) and all(c.error is None for c in first),
+            "answer_block": well_formed_answer(traj.text)}
+
+
 def extract_answer(text: str) -> str | None:
     """The last \\boxed{} of the last <answer> block, else the last \\boxed{} anywhere."""
     blocks = answer_blocks(text)

@@ -9,7 +9,26 @@ from .logs import setup_logging
 from .sandbox.cli import sandbox_group
 
 
-@click.group()
+class FacesGroup(click.Group):
+    """The faces' commands are imported only when one of them runs (or --help lists them): `rstar2 sandbox run`
+    or `rstar2 chat` needs neither SQLAlchemy nor FastAPI."""
+
+    FACES = {"serve": "rstar2_agent.serve.cli:serve_cmd", "eval": "rstar2_agent.eval.cli:eval_group",
+             "train": "rstar2_agent.train.cli:train_group"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.FACES})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.FACES:
+            import importlib
+
+            module, attr = self.FACES[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=FacesGroup)
 @click.version_option(__version__, prog_name="rstar2")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
@@ -159,33 +178,6 @@ def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, re
     if json_out:
         with open(json_out, "w") as f:
             json.dump([{"label": label, **r.to_dict()} for label, r in rows], f, indent=1)
-
-def _serve_command() -> click.Command:
-    from rstar2_agent.serve.cli import serve_cmd
-
-    return serve_cmd
-
-
-main.add_command(_serve_command(), "serve")
-
-
-def _eval_group() -> click.Group:
-    from rstar2_agent.eval.cli import eval_group
-
-    return eval_group
-
-
-main.add_command(_eval_group(), "eval")
-
-
-def _train_group() -> click.Group:
-    from rstar2_agent.train.cli import train_group
-
-    return train_group
-
-
-main.add_command(_train_group(), "train")
-
 
 @main.command("serve-bench")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")

@@ -34,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from . import __version__
+from .chat_format import format_check
 from .models import rstar2_home
 
 
@@ -106,6 +107,19 @@ class Metric(Base):
     name: Mapped[str] = mapped_column(String(100))
     value: Mapped[float] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+def sample_row(run_id: int, problem_id: str, index: int, traj: Any, *, correct: bool, answer: str | None, gold: str,
+               reason: str | None = None, details: dict[str, Any] | None = None, attempts: int = 1) -> Sample:
+    """The stored form of one graded trajectory (eval's samples and RL's rollouts alike)."""
+    details = dict(details or {})
+    details.setdefault("format", format_check(traj))
+    return Sample(run_id=run_id, problem_id=problem_id, sample_index=index,
+                  status="error" if traj.stop_reason == "engine_error" else "ok", correct=correct, answer=answer,
+                  gold=gold, reason=reason, stop_reason=traj.stop_reason, tokens=sum(t.num_tokens for t in traj.turns),
+                  tool_calls=len(traj.tool_calls), tool_errors=sum(c.failed for c in traj.tool_calls),
+                  turns=len(traj.turns), seconds=traj.timings.get("total", 0.0), timings=dict(traj.timings),
+                  details=details, error=traj.error, attempts=attempts)
 
 
 def default_url() -> str:

@@ -39,8 +39,8 @@ def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, serve
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself."""
     import uvicorn
 
-    from rstar2_agent.chat import ChatOptions, pick_engine
-    from rstar2_agent.engines import EngineError, make_engines
+    from rstar2_agent.engines import EngineError
+    from rstar2_agent.engines.spec import EngineSpec
     from rstar2_agent.models import ModelError, resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
@@ -50,7 +50,9 @@ def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, serve
         resolved = resolve_model(model)
     except ModelError as e:
         raise click.ClickException(str(e)) from e
-    kind = pick_engine(ChatOptions(engine=engine, urls=urls))
+    spec = EngineSpec(model=model, engine=engine, urls=urls, replicas=replicas, replica_policy=replica_policy,
+                      served_model=served_model, max_tokens=max_tokens)
+    kind = spec.kind()
     config = SandboxConfig(isolation=not unsafe)
     if sandbox_workers:
         config.workers = sandbox_workers
@@ -62,9 +64,7 @@ def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, serve
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
-            eng = make_engines(kind, resolved.path, context_length=resolved.spec.context_length, urls=urls,
-                               replicas=replicas, replica_policy=replica_policy, max_response_tokens=max_tokens,
-                               served_model=served_model)
+            eng = spec.make(resolved)
         except EngineError as e:
             raise click.ClickException(str(e)) from e
         app = create_app(Server(eng, make_sandbox(list(sandbox_urls), config=config), cfg))

@@ -160,7 +160,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
     from rstar2_agent.train.distributed import RayConfig
     from rstar2_agent.train.learner import Learner
     from rstar2_agent.train.loss import grpo_advantages
-    from rstar2_agent.train.rl import UpdateItem, policy_update
+    from rstar2_agent.train.update import UpdateItem, policy_update
 
     optim = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant")
     cfg = tiny(tmp_path, distributed="ray", dtype="fp32", optim=optim,

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.synthetic import conversations, problems
 from rstar2_agent.train import converters
 from rstar2_agent.train.chat_data import DataError, DataStats, collate, load_examples, pack, read_jsonl, render
 from rstar2_agent.train.learner import OptimConfig, lr_factor
 from rstar2_agent.train.recipe import RecipeError, load
 from rstar2_agent.train.sft import SFTConfig, checkpoints, run_sft
-from rstar2_agent.train.synthetic import conversations, problems
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))

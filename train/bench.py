@@ -39,7 +39,7 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
         await run.start()
         stage = cfg.stages[0]
         prompts = run.prompts(run.pool(stage), 0)
-        n = 2 * cfg.group_size if cfg.roc else cfg.group_size
+        n = cfg.rollouts_per_prompt
         groups = await run.rollouts(prompts, n, stage, 0)  # warm-up, and the lengths the bare run reproduces
         trajs = [t for g in groups for t, _ in g]
 

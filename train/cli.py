@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data`. Run as `python -m rstar2_agent.train.cli` under torchrun for several GPUs."""
+"""`rstar2 train sft|data|rl|report|bench`. Under torchrun (several GPUs): `python -m rstar2_agent.train.cli`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 @click.group("train")
 def train_group() -> None:
-    """Train: the non-reasoning SFT stage (`rstar2 train sft`); GRPO-RoC RL follows."""
+    """Train: the non-reasoning SFT stage (`rstar2 train sft`), then GRPO-RoC RL in stages (`rstar2 train rl`)."""
 
 
 @train_group.command("sft", context_settings={"ignore_unknown_options": True})

@@ -4,7 +4,7 @@
 - `path.jsonl`: OpenAI chat records already;
 - `FORMAT:path.jsonl`: a local file in one of the formats below;
 - `hub:ORG/NAME[:split]`: a hub dataset through `datasets`, converted by its id;
-- `synthetic:N[:SEED]`: N generated tool-use conversations (train/synthetic.py).
+- `synthetic:N[:SEED]`: N generated tool-use conversations (rstar2_agent/synthetic.py).
 
 Formats: `sharegpt` (from human/gpt/function_call/observation, with a `tools` JSON string: APIGen-MT,
 LLaMA-Factory's glaive_toolcall_en), `glaive_v2` (glaive-function-calling-v2's raw `system` and `chat`
@@ -165,7 +165,7 @@ def _convert(rows: list[Record], fmt: str, where: str, stats: DataStats, on_bad_
 def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None = None) -> list[Record]:
     stats = stats or DataStats()
     if source.startswith("synthetic:"):
-        from .synthetic import conversations
+        from rstar2_agent.synthetic import conversations
 
         _, n, *seed = source.split(":")
         return conversations(int(seed[0]) if seed else 0, int(n))

@@ -95,7 +95,7 @@ class LearnerActor:
         return str(self.learner.device)
 
     def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int, batches: int) -> dict[str, float]:
-        from .rl import policy_update
+        from .update import policy_update
 
         metrics = policy_update(self.learner, items, cfg, total_tokens, pad_id, batches=batches, scale=self.world)
         return {**metrics, **self.learner.optimizer_step()}

@@ -21,24 +21,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rstar2_agent.agent import AgentConfig, run_agent
-from rstar2_agent.chat_format import ChatFormat, answer_blocks, last_boxed
+from rstar2_agent.chat_format import ChatFormat, answer_blocks, well_formed_answer
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.models import resolve_model
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
-from rstar2_agent.store import Store
+from rstar2_agent.store import Store, sample_row
 from rstar2_agent.trajectory import Trajectory
 
 from .distributed import LearnerGroup, RayConfig, start_rollout
 from .learner import Learner, OptimConfig, link_last
-from .loss import grpo_advantages, ppo_clip_loss, token_logprobs
+from .loss import grpo_advantages
 from .recipe import dump
 from .roc import Group, RolloutStats, resample_on_correct
 from .sft import checkpoints
+from .update import UpdateItem, policy_update
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class Stage:
     steps: int
     max_response_tokens: int = 8192
     max_turns: int = 10
-    data_seed: int = 0  # synthetic problems (train/synthetic.py) from this seed
+    data_seed: int = 0  # synthetic problems (rstar2_agent/synthetic.py) from this seed
     data_size: int = 512
     filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
     reset_optimizer: bool = False
@@ -61,7 +60,7 @@ class RLConfig:
     prompts_per_step: int = 4
     group_size: int = 4  # G: 2G rollouts per prompt, G kept
     positive_sampling: str = "paper"  # paper (probability 1/p) or topk (lowest p)
-    roc: bool = True  # False: plain GRPO on all 2G rollouts (the ablation)
+    roc: bool = True  # False: plain GRPO on G rollouts per prompt, all used (the ablation)
     temperature: float = 1.0
     top_p: float = 1.0
     eps_low: float = 0.2
@@ -78,6 +77,11 @@ class RLConfig:
     distributed: str = "none"  # none: one process, the hf engine shares the learner's weights; ray: distributed.py
     ray: RayConfig = field(default_factory=RayConfig)
 
+    @property
+    def rollouts_per_prompt(self) -> int:
+        """2G with Resample-on-Correct (G are kept), G without."""
+        return 2 * self.group_size if self.roc else self.group_size
+
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
     """(stage index, step within it) of a global step."""
@@ -89,9 +93,8 @@ def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
 
 
 def rollout_stats(traj: Trajectory, reward: float) -> RolloutStats:
-    blocks = answer_blocks(traj.text)
-    return RolloutStats(reward, len(traj.tool_calls), sum(c.failed for c in traj.tool_calls), len(blocks),
-                        bool(blocks) and last_boxed(blocks[-1]) is not None, max(1, len(traj.turns)))
+    return RolloutStats(reward, len(traj.tool_calls), sum(c.failed for c in traj.tool_calls),
+                        len(answer_blocks(traj.text)), well_formed_answer(traj.text), max(1, len(traj.turns)))
 
 
 class RLRun:
@@ -135,7 +138,7 @@ class RLRun:
 
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
-        from .synthetic import problems
+        from rstar2_agent.synthetic import problems
 
         all_problems = {p.id: (p.question, p.answer) for p in problems(stage.data_seed, stage.data_size)}
         if self.pool_ids is not None:
@@ -207,7 +210,7 @@ class RLRun:
                    run_id: int | None) -> dict[str, float]:
         cfg = self.cfg
         prompts = self.prompts(pool, step)
-        n = 2 * cfg.group_size if cfg.roc else cfg.group_size
+        n = cfg.rollouts_per_prompt
         groups = await self.rollouts(prompts, n, stage, step)
         stats = [[rollout_stats(t, r) for t, r in g] for g in groups]
         if cfg.roc:
@@ -272,79 +275,15 @@ def _tool_error_ratio(trajs: list[Trajectory]) -> float:
     return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
 
 
-@dataclass
-class UpdateItem:
-    """What the learner needs of one kept rollout (Ray ships these to the learner ranks)."""
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    logprobs: list[float]
-    advantage: float
-
-
-def policy_update(learner: Learner, items: list[UpdateItem], cfg: RLConfig, total_tokens: int, pad_id: int, *,
-                  batches: int = 0, scale: float = 1.0) -> dict[str, float]:
-    """Forward and backward of the token-level PPO-clip loss over `items` in micro-batches (no optimizer step).
-    The loss is divided by the whole step's response tokens, so micro-batches and ranks add up; `batches`
-    pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
-    gradient averaging over ranks. Metrics are this share's token-weighted parts."""
-    learner.model.train()
-    chunks: list[list[UpdateItem]] = [items[i:i + cfg.micro_batch] for i in range(0, len(items), cfg.micro_batch)]
-    chunks += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(chunks))
-    metrics = {"loss": 0.0, "clip_frac": 0.0, "logprob_gap": 0.0, "entropy": 0.0}
-    for part in chunks:
-        batch = _batch(part, pad_id)
-        logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
-        logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
-        logp = token_logprobs(logits, targets, cfg.temperature)
-        mask = batch["mask"][:, 1:].to(learner.device)
-        loss, stats = ppo_clip_loss(logp, batch["old_logp"][:, 1:].to(learner.device),
-                                    batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low, cfg.eps_high,
-                                    denominator=max(1, total_tokens))
-        (loss * scale).backward()
-        weight = float(mask.sum()) / max(1, total_tokens)
-        with torch.no_grad():
-            probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
-            ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
-            metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
-        metrics["loss"] += float(loss.detach())
-        metrics["clip_frac"] += stats["clip_frac"] * weight
-        metrics["logprob_gap"] += stats["logprob_gap"] * weight
-    learner.model.eval()
-    return metrics
-
-
-def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt + response ids, the response mask (generated tokens), the engine's logprobs and
-    each token's advantage, aligned so that position t holds token t."""
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in items)
-    out = {k: torch.zeros((len(items), width), dtype=d) for k, d in (
-        ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32), ("old_logp", torch.float32),
-        ("adv", torch.float32))}
-    out["input_ids"].fill_(pad_id)
-    for b, t in enumerate(items):
-        p, r = len(t.prompt_ids), len(t.response_ids)
-        out["input_ids"][b, :p + r] = torch.tensor(t.prompt_ids + t.response_ids)
-        out["attention"][b, :p + r] = 1
-        if r:
-            out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
-            out["old_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
-        out["adv"][b, p:p + r] = t.advantage
-    return out
-
-
 def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups) -> None:
-    """Every rollout as a sample of the run (the eval report renders them), built as eval builds its samples."""
+    """Every rollout as a sample of the run (the eval report renders them), stored as eval stores its samples."""
     from rstar2_agent.chat_format import extract_answer
-    from rstar2_agent.eval.benchmarks import Outcome, Problem
-    from rstar2_agent.eval.runner import to_sample
 
     for (pid, question, gold), group in zip(prompts, groups, strict=True):
-        problem = Problem(f"step{step:05d}/{pid}", question, gold)
         for k, (traj, reward) in enumerate(group):
-            out = Outcome(traj, reward > 0, extract_answer(traj.text), gold, details={"question": question,
-                                                                                       "step": step})
-            store.add_sample(to_sample(run_id, problem, k, out, attempts=1), traj.to_dict())
+            row = sample_row(run_id, f"step{step:05d}/{pid}", k, traj, correct=reward > 0,
+                             answer=extract_answer(traj.text), gold=gold, details={"question": question, "step": step})
+            store.add_sample(row, traj.to_dict())
 
 
 async def run_rl(cfg: RLConfig, resume: bool = False,

@@ -2,9 +2,10 @@
 
 Groups whose rewards are all equal carry no signal and are dropped. The kept counts follow the group's
 share of positives and negatives, with at least 2 of each side when the group has them. Negatives are kept
-uniformly at random. Positives are kept by their penalty p = p_err + p_format (DESIGN.md): with probability
-inversely proportional to p (the paper, `positive_sampling="paper"`) or the lowest-p top-k (the released
-code, `"topk"`). A pure function: the same rollouts and seed give the same choice.
+uniformly at random. Positives are kept by their penalty p = p_err + p_format (p_err: failed tool calls / tool
+calls, 0.5 without a call; p_format: 1 without a well-formed <answer> block, else min(1, (answer blocks - 1) /
+turns); see `penalty`): with probability inversely proportional to p (the paper, `positive_sampling="paper"`)
+or the lowest-p top-k (the released code, `"topk"`). A pure function: the same rollouts and seed give the same choice.
 """
 
 from __future__ import annotations

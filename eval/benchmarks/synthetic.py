@@ -1,4 +1,4 @@
-"""Held-out synthetic tool-use problems (train/synthetic.py with a seed training does not use): integer
+"""Held-out synthetic tool-use problems (rstar2_agent/synthetic.py with a seed training does not use): integer
 answers a short program computes. Measures what the SFT stage teaches: a well-formed tool call in the first
 turn and the answer in <answer>\\boxed{}</answer> (see the format shares in the report)."""
 
@@ -14,6 +14,6 @@ class Synthetic(MathBenchmark):
     count = 200
 
     def load(self, data_dir=None, limit=None):
-        from rstar2_agent.train.synthetic import problems
+        from rstar2_agent.synthetic import problems
 
         return [Problem(p.id, p.question, p.answer) for p in problems(HELD_OUT_SEED, limit or self.count)]

@@ -1,4 +1,5 @@
-"""Seeded synthetic tool-use conversations in our format, for the non-reasoning SFT stage: problems whose
+"""Seeded synthetic tool-use problems and conversations in our format (shared by train's SFT data and RL prompts
+and eval's `synth` benchmark). For the non-reasoning SFT stage: problems whose
 answer a short Python program computes, solved as rStar2-Agent's model should (one sentence, one call to
 the Python tool, then `<answer>...\\boxed{}...</answer>`), with no reasoning text to imitate.
 
@@ -16,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rstar2_agent.chat_format import SYSTEM_PROMPT, USER_TEMPLATE, ToolCall, default_tools, format_result
-from rstar2_agent.sandbox.tools import STATELESS_TOOL
-from rstar2_agent.sandbox.types import ExecResult, Status
+from .chat_format import SYSTEM_PROMPT, USER_TEMPLATE, ToolCall, default_tools, format_result
+from .sandbox.tools import STATELESS_TOOL
+from .sandbox.types import ExecResult, Status
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,83 @@
+"""The package's imports run one way: the faces (serve, eval, train, chat) use the core (agent, engines, sandbox,
+grading, store, chat_format, models, ...), no face imports another, and the core imports no face. Only the
+entry point (`rstar2_agent.cli`) sees every face. Every import counts, the lazy ones inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+# Source folder of each installed package (pyproject's package-dir: the faces keep their top-level folders).
+FOLDERS = {"rstar2_agent": ROOT / "rstar2_agent", "rstar2_agent.serve": ROOT / "serve",
+           "rstar2_agent.eval": ROOT / "eval", "rstar2_agent.train": ROOT / "train"}
+FACES = ("rstar2_agent.serve", "rstar2_agent.eval", "rstar2_agent.train", "rstar2_agent.chat")
+ENTRY = "rstar2_agent.cli"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[0] in ("serve", "eval", "train") and package == "rstar2_agent":
+                continue  # not there; the faces live in their own folders
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def imports(name: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in a module's source, relative ones resolved."""
+    package = name if is_package else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found += [(node.lineno, base)]
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]  # `from pkg import module`
+    return [(line, m) for line, m in found if m.startswith("rstar2_agent")]
+
+
+def face_of(module: str) -> str | None:
+    return next((f for f in FACES if module == f or module.startswith(f + ".")), None)
+
+
+def test_faces_use_the_core_and_never_each_other():
+    known = modules()
+    assert len(known) > 60 and all(f in known for f in FACES)  # the walk sees the whole package
+    wrong: dict[tuple[str, int], str] = {}  # one line per import statement
+    for name, path in sorted(known.items()):
+        if name == ENTRY:
+            continue
+        mine = face_of(name)
+        for line, target in imports(name, path.read_text(), path.name == "__init__.py"):
+            theirs = face_of(target)
+            if theirs is not None and theirs != mine and (target in known or target.rsplit(".", 1)[0] in known):
+                layer = f"the face {mine}" if mine else "the core"
+                wrong.setdefault((str(path.relative_to(ROOT)), line), f"{layer} imports {target}")
+    assert not wrong, "imports that run upward or sideways (move what both need into the core):\n" + "\n".join(
+        f"{where}:{line}: {what}" for (where, line), what in sorted(wrong.items()))
+
+
+def test_the_walk_sees_lazy_and_relative_imports():
+    src = "def f():\n    from ..train.rl import RLRun\n    import rstar2_agent.serve.app\n"
+    got = {m for _, m in imports("rstar2_agent.eval.harness", src)}
+    assert {"rstar2_agent.train.rl", "rstar2_agent.train.rl.RLRun", "rstar2_agent.serve.app"} <= got
+
+
+def test_the_command_line_loads_a_face_only_to_run_it():
+    import subprocess
+    import sys
+
+    code = ("import sys, rstar2_agent.cli; print(sorted(m for m in sys.modules if m.startswith(("
+            "'rstar2_agent.serve', 'rstar2_agent.eval', 'rstar2_agent.train', 'sqlalchemy', 'fastapi'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
