@@ -17,7 +17,7 @@ from typing import Any
 
 from .chat_format import ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
 from .engines.base import Engine, EngineError, SamplingParams
-from .engines.replicas import one_trajectory
+from .engines.scope import one_trajectory
 from .sandbox.tools import SESSION_TOOL, STATELESS_TOOL
 from .sandbox.types import ExecResult, Sandbox, Status
 from .trajectory import ToolCallRecord, Trajectory, Turn

@@ -224,8 +224,8 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         out = {"status": "ok", "model": server.cfg.model_name, "sandbox": await server.sandbox.stats()}
-        if hasattr(server.engine, "stats"):  # a replica pool: each replica's load
-            out["engine"] = server.engine.stats()
+        if engine_stats := server.engine.stats():  # a replica pool: each replica's load
+            out["engine"] = engine_stats
         return out
 
     @app.get("/metrics")

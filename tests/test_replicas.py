@@ -9,8 +9,9 @@ from collections import defaultdict
 import pytest
 
 from rstar2_agent.engines.base import Engine, Generation, SamplingParams
-from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool, current_trajectory, one_trajectory
+from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool
 from rstar2_agent.engines.rollout_sim import SimConfig, longtail, recorded, simulate
+from rstar2_agent.engines.scope import current_trajectory, one_trajectory
 
 
 class StubEngine(Engine):

@@ -35,12 +35,27 @@ OnTokens = Callable[[list[int], list[float]], None]  # new ids and their logprob
 
 
 class Engine(abc.ABC):
-    """`generate` is safe to call from many coroutines at once; engines batch what arrives together."""
+    """`generate` is safe to call from many coroutines at once; engines batch what arrives together.
+
+    Optional capabilities, with their defaults here (a replica pool reads them): `kv_capacity`, the KV cache
+    tokens the engine holds when it knows them (vLLM); `max_batch`, the most requests it decodes together
+    (with no KV size, a pool assumes max_batch full contexts); `endpoint`, the server of a remote engine;
+    `probe()`, which a remote engine uses to learn its context length and KV capacity before the first request;
+    `stats()`, load figures for /health."""
 
     name: str = "engine"
     tokenizer: Any
     model_path: str
     context_length: int
+    kv_capacity: int | None = None
+    max_batch: int = 1
+    endpoint: str | None = None
+
+    async def probe(self) -> None:  # noqa: B027 - optional: local engines know their limits at construction
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,

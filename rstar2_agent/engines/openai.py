@@ -8,11 +8,14 @@ Token ids come back in `choices[].token_ids` (`return_token_ids`) or, from serve
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
 
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
 
 
 class OpenAIEngine(Engine):
@@ -26,6 +29,7 @@ class OpenAIEngine(Engine):
         self.base = url.rstrip("/")
         if not self.base.endswith("/v1"):
             self.base += "/v1"
+        self.endpoint = self.base
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
                                         limits=httpx.Limits(max_connections=max_connections))
@@ -36,7 +40,8 @@ class OpenAIEngine(Engine):
         self._probed = context_length is not None
 
     async def probe(self) -> None:
-        """Fill in the served model name and context length from GET /v1/models."""
+        """Fill in the served model name and context length from GET /v1/models, and the KV capacity from a vLLM
+        server's /metrics (`vllm:cache_config_info`; left unknown for other servers)."""
         try:
             resp = await self.client.get(f"{self.base}/models")
             resp.raise_for_status()
@@ -47,6 +52,23 @@ class OpenAIEngine(Engine):
         card = next((m for m in models if m.get("id") == self.served_model), models[0] if models else {})
         self.served_model = self.served_model or card.get("id")
         self.context_length = int(card.get("max_model_len") or self.context_length)
+        self.kv_capacity = await self._served_kv_capacity()
+
+    async def _served_kv_capacity(self) -> int | None:
+        try:
+            resp = await self.client.get(self.base.removesuffix("/v1") + "/metrics")
+            match = _CACHE_INFO.search(resp.text) if resp.status_code == 200 else None
+        except httpx.HTTPError:  # not a vLLM server, or no metrics: unknown
+            return None
+        if match is None:
+            return None
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
+        try:
+            if labels.get("kv_cache_size_tokens", "None").isdigit():
+                return int(labels["kv_cache_size_tokens"])
+            return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):
+            return None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:

@@ -28,15 +28,14 @@ class EngineActor:
 
     async def start(self) -> dict[str, Any]:
         from . import make_engine
-        from .replicas import reported_capacity
 
         if self.kind == "hf":
             import torch
 
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         self.engine = make_engine(self.kind, self.model_path, context_length=self.context_length, **self.options)
-        return {"context_length": self.engine.context_length, "kv_capacity": reported_capacity(self.engine),
-                "max_batch": getattr(self.engine, "max_batch", 1)}
+        return {"context_length": self.engine.context_length, "kv_capacity": self.engine.kv_capacity,
+                "max_batch": self.engine.max_batch}
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
         assert self.engine is not None
@@ -61,7 +60,7 @@ class RayEngine(Engine):
     def __init__(self, actor: Any, info: dict[str, Any], model_path: str, tokenizer: Any, index: int):
         self.actor, self.model_path, self.tokenizer, self.index = actor, model_path, tokenizer, index
         self.context_length = int(info["context_length"])
-        self.kv_capacity: int | None = info.get("kv_capacity")  # the pool reads it (replicas.reported_capacity)
+        self.kv_capacity = info.get("kv_capacity")  # as the actor's engine reported it
         self.max_batch = int(info.get("max_batch") or 1)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,

@@ -1,6 +1,6 @@
 """ReplicaPool: one Engine over several engine replicas, with trajectory-sticky load balancing.
 
-A trajectory (one `run_agent` call, marked by the `current_trajectory` context variable) is placed on a
+A trajectory (one `run_agent` call, marked by the `current_trajectory` variable of scope.py) is placed on a
 replica at its first request and stays there for all its turns, so the replica's prefix cache keeps its
 context. Policies choose the replica for each new trajectory:
 
@@ -31,55 +31,17 @@ OpenAI-compatible server's /metrics), or `capacity_tokens` when given. `pick` is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
-import itertools
 import logging
-import re
 from collections import deque
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from .scope import TrajectoryScope, current_trajectory, trajectory_scope
 
 log = logging.getLogger(__name__)
 POLICIES = ("static", "least_outstanding", "kv_aware")
-
-
-# ---------------------------------------------------------------- trajectory scope (set by run_agent)
-@dataclass
-class TrajectoryScope:
-    id: int
-    pools: list[ReplicaPool] = field(default_factory=list)  # pools that placed it; told when it ends
-
-
-current_trajectory: ContextVar[TrajectoryScope | None] = ContextVar("current_trajectory", default=None)
-_scope_ids = itertools.count()
-
-
-@contextlib.contextmanager
-def trajectory_scope() -> Iterator[TrajectoryScope]:
-    """All engine requests made inside belong to one trajectory; pools release it on exit."""
-    scope = TrajectoryScope(next(_scope_ids))
-    token = current_trajectory.set(scope)
-    try:
-        yield scope
-    finally:
-        current_trajectory.reset(token)
-        for pool in scope.pools:
-            pool.end_trajectory(scope.id)
-
-
-def one_trajectory(fn):
-    """Decorator for an async function whose engine requests form one trajectory (run_agent)."""
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with trajectory_scope():
-            return await fn(*args, **kwargs)
-    return wrapper
 
 
 # ---------------------------------------------------------------- the policies (shared with the simulator)
@@ -253,7 +215,8 @@ class ReplicaPool(Engine):
         caps = capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
         if len(caps) != len(engines):
             raise EngineError(f"{len(caps)} capacities for {len(engines)} replicas")
-        self.loads = [Load(capacity=c or reported_capacity(e) or _fallback_capacity(e))
+        # KV tokens each replica holds: given, or as the engine reports it, else its batch of full contexts (hf)
+        self.loads = [Load(capacity=c or e.kv_capacity or e.context_length * e.max_batch)
                       for c, e in zip(caps, engines, strict=True)]
         self._placed: dict[int, _Placed] = {}
         self._waiting: deque[_Waiting] = deque()  # new trajectories, in arrival order
@@ -280,14 +243,13 @@ class ReplicaPool(Engine):
             if self._probed:
                 return
             for i, engine in enumerate(self.engines):
-                if hasattr(engine, "probe"):
-                    await engine.probe()
-                cap = await served_capacity(engine)
-                if cap:
-                    self.loads[i].capacity = cap
-                elif self.policy == "kv_aware" and getattr(engine, "base", None):
+                await engine.probe()
+                if engine.kv_capacity:
+                    self.loads[i].capacity = engine.kv_capacity
+                elif self.policy == "kv_aware" and engine.endpoint:
                     log.warning("%s reports no KV cache size (a vLLM server started with --disable-log-stats, or "
-                                "not vLLM): kv_aware assumes %d tokens there", engine.base, self.loads[i].capacity)
+                                "not vLLM): kv_aware assumes %d tokens there", engine.endpoint,
+                                self.loads[i].capacity)
             self._probed = True
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -442,44 +404,3 @@ class ReplicaPool(Engine):
 
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines))
-
-
-# ---------------------------------------------------------------- KV capacity as engines report it
-def reported_capacity(engine: Engine) -> int | None:
-    """KV cache tokens of an in-process vLLM engine (blocks x block size) or as a Ray replica reported it, else
-    None."""
-    if getattr(engine, "kv_capacity", None):
-        return int(engine.kv_capacity)
-    cache = getattr(getattr(getattr(engine, "engine", None), "vllm_config", None), "cache_config", None)
-    if cache is not None and getattr(cache, "num_gpu_blocks", None):
-        return int(cache.num_gpu_blocks) * int(cache.block_size)
-    return None
-
-
-_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
-
-
-async def served_capacity(engine: Engine) -> int | None:
-    """KV cache tokens of a vLLM OpenAI server, from the `vllm:cache_config_info` metric; None if unknown."""
-    client, base = getattr(engine, "client", None), getattr(engine, "base", None)
-    if client is None or base is None:
-        return None
-    try:
-        resp = await client.get(base.removesuffix("/v1") + "/metrics")
-        match = _CACHE_INFO.search(resp.text) if resp.status_code == 200 else None
-    except Exception:  # noqa: BLE001 - not a vLLM server, or no metrics: fall back
-        return None
-    if match is None:
-        return None
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
-    try:
-        if labels.get("kv_cache_size_tokens", "None").isdigit():
-            return int(labels["kv_cache_size_tokens"])
-        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-    except (KeyError, ValueError):
-        return None
-
-
-def _fallback_capacity(engine: Engine) -> int:
-    """Engines that do not report a KV size (hf) hold at most their batch of full contexts."""
-    return engine.context_length * int(getattr(engine, "max_batch", 1))

@@ -50,6 +50,13 @@ class VLLMEngine(Engine):
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}") from e
 
+    @property
+    def kv_capacity(self) -> int | None:  # type: ignore[override]
+        """KV cache tokens: the engine's block count x block size (known once it has started)."""
+        cache = getattr(getattr(self.engine, "vllm_config", None), "cache_config", None)
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        return int(blocks) * int(cache.block_size) if blocks else None
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
         from vllm import SamplingParams as VSampling
