@@ -18,7 +18,7 @@ from typing import Any
 from .chat_format import ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
 from .engines.base import Engine, EngineError, SamplingParams
 from .engines.scope import one_trajectory
-from .sandbox.tools import SESSION_TOOL, STATELESS_TOOL
+from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecResult, Sandbox, Status
 from .trajectory import ToolCallRecord, Trajectory, Turn
 
@@ -49,7 +49,7 @@ OnEvent = Callable[[str, Any], None]
 @one_trajectory  # its engine requests form one trajectory: a replica pool keeps them on one replica
 async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox: Sandbox, fmt: ChatFormat,
                     config: AgentConfig | None = None, *, tools: list[dict[str, Any]] | None = None,
-                    session: str | None = None, on_event: OnEvent | None = None,
+                    on_event: OnEvent | None = None,
                     prompt_ids: list[int] | None = None, execute: Execute | None = None) -> Trajectory:
     """Run the agent on a problem (wrapped in the rStar2 user prompt) or on OpenAI-style messages.
     `prompt_ids`: the prompt already rendered by `fmt` (a server that checked its length passes it).
@@ -106,7 +106,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             emit("turn_end", turn)
             break
         t0 = time.monotonic()
-        turn.tool_calls = await run_calls(calls, turn_index, sandbox, cfg, fmt.protocol.name, session, emit, execute)
+        turn.tool_calls = await run_calls(calls, turn_index, sandbox, cfg, fmt.protocol.name, emit, execute)
         traj.timings["tools"] += time.monotonic() - t0
         ended_with_eos = bool(turn_ids) and turn_ids[-1] == fmt.eos_id
         inserted = fmt.tool_response_ids([c.response for c in turn.tool_calls], ended_with_eos, text)
@@ -124,8 +124,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
 
 
 async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,
-                    session: str | None = None, emit: OnEvent | None = None, execute: Execute | None = None
-                    ) -> list[ToolCallRecord]:
+                    emit: OnEvent | None = None, execute: Execute | None = None) -> list[ToolCallRecord]:
     """Run a turn's calls concurrently; a call that cannot run, or whose sandbox fails, still gets an answer."""
     emit = emit or (lambda kind, payload: None)
 
@@ -142,7 +141,7 @@ async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, c
             emit("tool_result", rec)
             return rec
         if call.error is None:
-            result = await _execute(call, sandbox, cfg.tool_timeout, session)
+            result = await _execute(call, sandbox, cfg.tool_timeout)
             rec.status, rec.stdout, rec.stderr, rec.duration = str(result.status), result.stdout, result.stderr, \
                 result.duration
         rec.response = format_result(call, result, cfg.max_tool_output_chars, protocol)
@@ -152,13 +151,11 @@ async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, c
     return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
-async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float, session: str | None) -> ExecResult:
+async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float) -> ExecResult:
     args = call.arguments
     try:
         if call.name == STATELESS_TOOL:
             return await sandbox.run(args.get("code", ""), stdin=args.get("input", "") or "", timeout=timeout)
-        if call.name == SESSION_TOOL and session is not None:
-            return await sandbox.run_in_session(session, args.get("code", ""), timeout=timeout)
         return ExecResult.failure(Status.INTERNAL_ERROR, f"no executor for the tool {call.name!r}")
     except Exception as e:  # noqa: BLE001 - a sandbox that is down still gives the model an answer
         return ExecResult.failure(Status.INTERNAL_ERROR, f"the sandbox failed: {type(e).__name__}: {e}")

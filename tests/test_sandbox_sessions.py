@@ -1,21 +1,22 @@
-"""The stateful session tool: state persists, a timeout keeps it, limits and failures are reported."""
+"""The sandbox's sessions (a process per session, like a notebook kernel): state persists, a timeout keeps it,
+limits and failures are reported; and the stateless tool."""
 
 from __future__ import annotations
 
 import pytest
 
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig, SandboxError, Status
-from rstar2_agent.sandbox.tools import STATELESS_TOOL, PythonSession, execute_python_code_with_standard_io
+from rstar2_agent.sandbox.tools import STATELESS_TOOL, execute_python_code_with_standard_io
 
 
 async def test_state_persists_across_calls(sandbox):
-    tool = PythonSession(sandbox)
+    sid = await sandbox.open_session()
     try:
-        assert (await tool("import sympy as sp\nx = sp.symbols('x')\nn = 21")).ok
-        r = await tool("n * 2, sp.factor(x**2 - 1)")
+        assert (await sandbox.run_in_session(sid, "import sympy as sp\nx = sp.symbols('x')\nn = 21")).ok
+        r = await sandbox.run_in_session(sid, "n * 2, sp.factor(x**2 - 1)")
         assert r.stdout == "(42, (x - 1)*(x + 1))\n"
     finally:
-        await tool.close()
+        await sandbox.close_session(sid)
 
 
 async def test_timeout_interrupts_but_keeps_state(sandbox):
