@@ -11,12 +11,12 @@ import json
 import time
 from typing import Any
 
-from rstar2_agent.agent import AgentConfig, Execute, run_calls
+from rstar2_agent.agent import AgentConfig, Execute, run_calls, stop_after_turn
 from rstar2_agent.chat_format import (
     SYSTEM_PROMPT,
     USER_TEMPLATE,
     ToolCall,
-    answer_blocks,
+    cap_calls,
     default_tools,
     extract_answer,
     validate_arguments,
@@ -76,10 +76,10 @@ class ChatAPIAgent:
             turn = Turn(text=msg.content or "", num_tokens=n_tokens,
                         finish_reason="length" if choice.finish_reason == "length" else "stop")
             traj.turns.append(turn)
-            calls = [_call(c, tools) for c in msg.tool_calls or []][: cfg.max_calls_per_turn]
-            if not calls:
-                traj.stop_reason = "max_tokens" if choice.finish_reason == "length" else (
-                    "answer" if answer_blocks(turn.text) else "no_tool_call")
+            calls = cap_calls([_call(c, tools) for c in msg.tool_calls or []], cfg.max_calls_per_turn)
+            traj.stop_reason = stop_after_turn(turn.text, bool(calls), choice.finish_reason == "length",
+                                               used >= cfg.max_response_tokens)
+            if traj.stop_reason:
                 break
             t0 = time.monotonic()
             turn.tool_calls = await run_calls(calls, turn_index, self.sandbox, cfg, "hermes", execute=execute)

@@ -97,11 +97,8 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         turn = Turn(text=text, num_tokens=len(turn_ids), finish_reason=gen.finish_reason)
         traj.turns.append(turn)
         traj.add_generated(turn_ids, turn_logprobs)
-        cut_off = gen.finish_reason == "length"
-        if cut_off and (calls or len(traj.response_ids) >= cfg.max_response_tokens):  # the budget is spent
-            traj.stop_reason = "max_tokens"
-        elif not calls:
-            traj.stop_reason = "answer" if answer_blocks(text) else "no_tool_call"
+        traj.stop_reason = stop_after_turn(text, bool(calls), gen.finish_reason == "length",
+                                           len(traj.response_ids) >= cfg.max_response_tokens)
         if traj.stop_reason:
             emit("turn_end", turn)
             break
@@ -121,6 +118,18 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     traj.answer = extract_answer(traj.text)
     traj.timings["total"] = time.monotonic() - t_start
     return traj
+
+
+def stop_after_turn(text: str, has_calls: bool, cut_off: bool, budget_spent: bool) -> str:
+    """Why the loop ends after a turn, or "" to run its calls and go on (the rule of every loop: the token-level
+    one here and eval's chat-API one): a turn cut off by the length limit ends the loop as `max_tokens` when it
+    holds a call or the response budget is spent; a turn without a call ends it as `answer` when it wrote an
+    <answer> block, else `no_tool_call`."""
+    if cut_off and (has_calls or budget_spent):
+        return "max_tokens"
+    if not has_calls:
+        return "answer" if answer_blocks(text) else "no_tool_call"
+    return ""
 
 
 async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,
