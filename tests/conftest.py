@@ -33,6 +33,12 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def count_prompt(tokenizer) -> list[int]:
+    """A short chat prompt's ids ("Count from 1 to 20."), for the engine tests."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
