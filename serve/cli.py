@@ -1,4 +1,4 @@
-"""`rstar2 serve`."""
+"""`rstar2 serve` (and `rstar2 serve bench`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from rstar2_agent.cli_options import replica_options
 from rstar2_agent.engines import ENGINES
 
 
-@click.command("serve")
+@click.group("serve", invoke_without_command=True)
+@click.pass_context
 @click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
 @click.option("--engine", type=click.Choice(["auto", *ENGINES]), default="auto", show_default=True,
               help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
@@ -33,10 +34,13 @@ from rstar2_agent.engines import ENGINES
 @click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
               help="For the server-side tool loop; default: the model's.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
+def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, tool_protocol,
               unsafe) -> None:
-    """Serve the agent as an OpenAI-compatible API that runs the Python tool itself."""
+    """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 serve bench`: against
+    vLLM's own server)."""
+    if ctx.invoked_subcommand is not None:
+        return
     import uvicorn
 
     from rstar2_agent.engines import EngineError
@@ -73,3 +77,42 @@ def serve_cmd(model, engine, urls, replicas, replica_policy, served_model, serve
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
 
     asyncio.run(main())
+
+
+@serve_cmd.command("bench")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--requests", type=click.IntRange(4), default=16, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
+def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:
+    """rstar2 serve against vLLM's own OpenAI server: tokens/s and time to first token; tool-call overhead."""
+    import statistics
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.models import resolve_model
+
+    from .bench import run_bench, summarize
+
+    resolved = resolve_model(model)
+    console = Console()
+    with console.status("starting vLLM's server and rstar2 serve, then alternating rounds ..."):
+        rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests,
+                                                rounds=rounds)
+    table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming), median of "
+                        f"{rounds} rounds")
+    for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms"):
+        table.add_column(col)
+    summary = summarize(rows)
+    for _, *median, _ in summary:
+        for r in median:
+            table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
+                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}")
+    console.print(table)
+    for conc, _, _, ratios in summary:
+        console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {statistics.median(ratios):.3f} "
+                      f"(per round: {', '.join(f'{x:.3f}' for x in ratios)})")
+    console.print(f"tools on: a tool call adds {extra_ms:.1f} ms beyond the program's own {own_ms:.1f} ms "
+                  f"(median over {n} requests)")
