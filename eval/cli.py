@@ -189,7 +189,7 @@ def compare_cmd(run_a, run_b, db, top) -> None:
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)
 @click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
-              help="Where aime24.jsonl is (default: the 3-problem fixture in tests/data).")
+              help="Where aime24.jsonl is (its problems are used); default: generated synthetic problems.")
 @click.option("--problems", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--n", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(8), default=256, show_default=True)
@@ -199,7 +199,6 @@ def compare_cmd(run_a, run_b, db, top) -> None:
 def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers) -> None:
     """The harness's wall time against the bare engine on the same samples, and graded answers per second."""
     import asyncio
-    from pathlib import Path
 
     from rich.console import Console
 
@@ -211,9 +210,8 @@ def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rou
     from .benchmarks import get_benchmark
 
     console = Console()
-    bench = get_benchmark("aime24")
-    fixture = Path(__file__).resolve().parents[1] / "tests" / "data"
-    probs = bench.load(data_dir or (fixture if fixture.is_dir() else None), problems)
+    bench = get_benchmark("aime24" if data_dir else "synth")
+    probs = bench.load(data_dir, problems)
     resolved = resolve_model(model)
 
     async def go():
