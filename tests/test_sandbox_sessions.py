@@ -9,38 +9,34 @@ from rstar2_agent.sandbox import LocalSandbox, SandboxConfig, SandboxError, Stat
 from rstar2_agent.sandbox.tools import STATELESS_TOOL, execute_python_code_with_standard_io
 
 
-async def test_state_persists_across_calls(sandbox):
-    sid = await sandbox.open_session()
-    try:
-        assert (await sandbox.run_in_session(sid, "import sympy as sp\nx = sp.symbols('x')\nn = 21")).ok
-        r = await sandbox.run_in_session(sid, "n * 2, sp.factor(x**2 - 1)")
-        assert r.stdout == "(42, (x - 1)*(x + 1))\n"
-    finally:
-        await sandbox.close_session(sid)
+@pytest.fixture
+async def sid(sandbox):
+    """A session of the session's sandbox, closed after the test."""
+    session = await sandbox.open_session()
+    yield session
+    await sandbox.close_session(session)
 
 
-async def test_timeout_interrupts_but_keeps_state(sandbox):
-    sid = await sandbox.open_session()
-    try:
-        await sandbox.run_in_session(sid, "total = 7")
-        r = await sandbox.run_in_session(sid, "while True:\n    pass", timeout=1)
-        assert r.status == Status.TIMEOUT
-        r = await sandbox.run_in_session(sid, "total")
-        assert r.stdout == "7\n"
-    finally:
-        await sandbox.close_session(sid)
+async def test_state_persists_across_calls(sandbox, sid):
+    assert (await sandbox.run_in_session(sid, "import sympy as sp\nx = sp.symbols('x')\nn = 21")).ok
+    r = await sandbox.run_in_session(sid, "n * 2, sp.factor(x**2 - 1)")
+    assert r.stdout == "(42, (x - 1)*(x + 1))\n"
 
 
-async def test_a_dead_session_is_replaced_and_says_so(sandbox):
-    sid = await sandbox.open_session()
-    try:
-        await sandbox.run_in_session(sid, "v = 1")
-        r = await sandbox.run_in_session(sid, "import os\nos._exit(1)")
-        assert r.status == Status.KILLED and "variables are lost" in r.stderr
-        r = await sandbox.run_in_session(sid, "print('v' in globals())")
-        assert r.stdout == "False\n"
-    finally:
-        await sandbox.close_session(sid)
+async def test_timeout_interrupts_but_keeps_state(sandbox, sid):
+    await sandbox.run_in_session(sid, "total = 7")
+    r = await sandbox.run_in_session(sid, "while True:\n    pass", timeout=1)
+    assert r.status == Status.TIMEOUT
+    r = await sandbox.run_in_session(sid, "total")
+    assert r.stdout == "7\n"
+
+
+async def test_a_dead_session_is_replaced_and_says_so(sandbox, sid):
+    await sandbox.run_in_session(sid, "v = 1")
+    r = await sandbox.run_in_session(sid, "import os\nos._exit(1)")
+    assert r.status == Status.KILLED and "variables are lost" in r.stderr
+    r = await sandbox.run_in_session(sid, "print('v' in globals())")
+    assert r.stdout == "False\n"
 
 
 async def test_session_cap_and_unknown_session():
