@@ -217,7 +217,7 @@ class ProcessCap:
         preexec_fn, which made the forked child run Python, and with it every library's os.register_at_fork
         child handler (huggingface_hub closes its httpx client, torch's inductor drops its pools, ...): in a
         multi-threaded host one of them can wait on a lock a thread held at the fork, and the worker never
-        starts (the 120 s start hang seen once a test session had run the serve tests)."""
+        starts (tests/test_sandbox_start.py; the likely cause of a start hang once seen in a test session)."""
         if self.path is None:
             return argv
         return ["/bin/sh", "-c", '{ echo $$ > "$0"; } 2>/dev/null; exec "$@"', str(self.path / "cgroup.procs"), *argv]
