@@ -97,24 +97,38 @@ def engine(smol):
     return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
-@pytest.fixture(scope="session")
-async def serve_url(engine, sandbox):
-    """One `rstar2 serve` app (markdown tool protocol) on loopback for the session, over the shared engine."""
+@contextlib.asynccontextmanager
+async def serving(engine, sandbox, **cfg):
+    """A `rstar2 serve` app (markdown tool protocol, serving "smollm2-135m") on loopback; `cfg`: ServeConfig
+    fields to change."""
     from rstar2_agent.serve.app import ServeConfig, Server, create_app
 
-    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown"))
+    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown", **cfg))
     async with uvicorn_app(create_app(server, manage=False)) as url:
         yield url
 
 
 @pytest.fixture(scope="session")
-def sft_checkpoint(tmp_path_factory):
-    """One SFT run of SmolLM2 (6 synthetic conversations x 2 epochs = 12 steps), made once: (final folder, loss
-    history). The SFT tests check it; vLLM's own server serves it for the engine tests."""
-    from rstar2_agent.train.learner import OptimConfig
-    from rstar2_agent.train.sft import SFTConfig, run_sft
+async def serve_url(engine, sandbox):
+    """One `rstar2 serve` app on loopback for the session, over the shared engine and sandbox."""
+    async with serving(engine, sandbox) as url:
+        yield url
 
-    out = tmp_path_factory.mktemp("sft-checkpoint")
-    return run_sft(SFTConfig(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=2,
-                             out=str(out / "sft"), optim=OptimConfig(lr=1e-4, warmup_steps=0),
-                             db=str(out / "store.db")))
+
+def sft_config(out, **kw):
+    """A small SFT run of SmolLM2 writing under `out`: 6 synthetic conversations, one epoch, lr 1e-4."""
+    from rstar2_agent.train.learner import OptimConfig
+    from rstar2_agent.train.sft import SFTConfig
+
+    base = dict(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=1, out=str(out / "sft"),
+                optim=OptimConfig(lr=1e-4, warmup_steps=0), db=str(out / "store.db"))
+    return SFTConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def sft_checkpoint(tmp_path_factory):
+    """One SFT run (sft_config, 2 epochs = 12 steps), made once: (final folder, loss history). The SFT tests
+    check it; vLLM's own server serves it in test_vllm_server.py."""
+    from rstar2_agent.train.sft import run_sft
+
+    return run_sft(sft_config(tmp_path_factory.mktemp("sft-checkpoint"), epochs=2))

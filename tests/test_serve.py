@@ -4,7 +4,6 @@ driven by the official `openai` client."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import httpx
@@ -16,22 +15,15 @@ from rstar2_agent.engines.openai import OpenAIEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app as sandbox_app
-from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message, create_app
+from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message
 
-from conftest import uvicorn_app
+from conftest import serving, uvicorn_app
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 2**100? Use Python."
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string"}}, "required": ["city"]}}}
-
-
-@contextlib.asynccontextmanager
-async def serving(engine, sandbox, **cfg):
-    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown", **cfg))
-    async with uvicorn_app(create_app(server, manage=False)) as url:
-        yield url
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from rstar2_agent.train.learner import OptimConfig, lr_factor
 from rstar2_agent.train.recipe import RecipeError, load
 from rstar2_agent.train.sft import SFTConfig, checkpoints, run_sft
 
+from conftest import sft_config as tiny
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
@@ -132,12 +134,6 @@ def test_warmup_then_cosine():
     factors = [lr_factor(s, 20, cfg) for s in range(20)]
     assert factors[:4] == [0.2, 0.4, 0.6, 0.8] and factors[4] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[4:], factors[5:], strict=False)) and factors[-1] > 0.1
-
-
-def tiny(tmp_path, **kw) -> SFTConfig:
-    base = dict(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=1, out=str(tmp_path / "sft"),
-                optim=OptimConfig(lr=1e-4, warmup_steps=0), db=str(tmp_path / "store.db"))
-    return SFTConfig(**{**base, **kw})
 
 
 @pytest.mark.slow
