@@ -206,8 +206,8 @@ def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rou
     from rstar2_agent.engines import make_engine
     from rstar2_agent.models import resolve_model
 
-    from .bench import bench_grading, bench_harness
     from .benchmarks import get_benchmark
+    from .harness_bench import bench_grading, bench_harness
 
     console = Console()
     bench = get_benchmark("aime24" if data_dir else "synth")

@@ -6,15 +6,16 @@ import click
 
 from . import __version__
 from .logs import setup_logging
-from .sandbox.cli import sandbox_group
+from .sandbox.sandbox_commands import sandbox_group
 
 
 class FacesGroup(click.Group):
     """The faces' commands are imported only when one of them runs (or --help lists them): `rstar2 sandbox run`
     or `rstar2 chat` needs neither SQLAlchemy nor FastAPI."""
 
-    FACES = {"serve": "rstar2_agent.serve.cli:serve_cmd", "eval": "rstar2_agent.eval.cli:eval_group",
-             "train": "rstar2_agent.train.cli:train_group"}
+    FACES = {"serve": "rstar2_agent.serve.serve_command:serve_cmd",
+             "eval": "rstar2_agent.eval.eval_commands:eval_group",
+             "train": "rstar2_agent.train.train_commands:train_group"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.FACES})
@@ -100,7 +101,7 @@ def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
     from rich.table import Table
 
     from .engines import make_engine
-    from .engines.bench import bench_engine
+    from .engines.engine_bench import bench_engine
     from .models import resolve_model
 
     resolved = resolve_model(model)

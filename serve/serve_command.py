@@ -94,7 +94,7 @@ def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:
 
     from rstar2_agent.models import resolve_model
 
-    from .bench import run_bench, summarize
+    from .vs_vllm_bench import run_bench, summarize
 
     resolved = resolve_model(model)
     console = Console()

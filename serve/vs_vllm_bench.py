@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from rstar2_agent.engines.bench import QUESTIONS
+from rstar2_agent.engines.engine_bench import QUESTIONS
 
 
 @dataclass

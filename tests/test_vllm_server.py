@@ -12,7 +12,7 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.openai import OpenAIEngine
-from rstar2_agent.serve.bench import running
+from rstar2_agent.serve.vs_vllm_bench import running
 
 from conftest import count_prompt as prompt
 from conftest import free_port

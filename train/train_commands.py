@@ -1,4 +1,6 @@
-"""`rstar2 train sft|data|rl|report|bench`. Under torchrun (several GPUs): `python -m rstar2_agent.train.cli`."""
+"""`rstar2 train sft|data|rl|report|bench`.
+
+Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
 from __future__ import annotations
 
@@ -79,8 +81,8 @@ def bench_cmd(recipe, rounds, overrides) -> None:
     """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
     import asyncio
 
-    from .bench import bench_rollout
     from .rl import RLConfig
+    from .rollout_bench import bench_rollout
 
     cfg = _recipe(RLConfig, recipe, overrides)
     row = asyncio.run(bench_rollout(cfg, rounds))

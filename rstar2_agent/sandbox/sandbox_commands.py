@@ -108,7 +108,7 @@ def bench_cmd(quick: bool, workers: int | None, json_path: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .bench import ratios, run_bench
+    from .pool_bench import ratios, run_bench
 
     console = Console()
 
