@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rstar2_agent.chat_format import FORMATS
 from rstar2_agent.cli_options import replica_options
 from rstar2_agent.store import StoreError
 
@@ -46,7 +47,7 @@ def eval_group() -> None:
               help="Response budget per sample (generated and tool tokens).")
 @click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True)
 @click.option("--no-tools", is_flag=True, help="One turn, no Python tool.")
-@click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
+@click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="Default: the model's (registry).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per category).")
 @click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, live, "
@@ -65,7 +66,7 @@ def eval_group() -> None:
 @click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def run_cmd(benchmarks, model, engine, urls, replicas, replica_policy, served_model, api_key, api, n, temperature,
-            top_p, max_tokens, max_turns, no_tools, tool_protocol, limit, categories, concurrency, retries, db,
+            top_p, max_tokens, max_turns, no_tools, format_name, limit, categories, concurrency, retries, db,
             run_name, out, data_dir, seed, grader_timeout, sandbox_urls, unsafe) -> None:
     """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25."""
     import asyncio
@@ -84,7 +85,7 @@ def run_cmd(benchmarks, model, engine, urls, replicas, replica_policy, served_mo
         raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
                                f"choose from {', '.join(known_benchmarks())}")
     cfg = EvalConfig(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
-                     use_tools=not no_tools, seed=seed, api=api, tool_protocol=tool_protocol or "", limit=limit,
+                     use_tools=not no_tools, seed=seed, api=api, format=format_name or "", limit=limit,
                      concurrency=concurrency, retries=retries)
     source = Source(model=model, engine=engine, urls=list(urls), replicas=replicas, replica_policy=replica_policy,
                     served_model=served_model, api_key=api_key,

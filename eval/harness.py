@@ -68,7 +68,7 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
             fmt = None
         else:
             engine, fmt = build_engines(source, cfg, console)
-            cfg.tool_protocol = fmt.protocol.name
+            cfg.format = fmt.protocol.name
         await sandbox.start()
         agent = make_agent(cfg, engine, fmt, sandbox, chat_agent)
         ctx = Context(agent=agent, math_grader=grader, seed=cfg.seed, use_tools=cfg.use_tools,
@@ -107,7 +107,7 @@ def build_engines(source: Source, cfg: EvalConfig, console: Console):
     """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
     stays on one replica; see rstar2_agent/engines/replicas.py)."""
     with console.status("") as status:
-        return build(replace(source, max_tokens=cfg.max_tokens, tool_protocol=cfg.tool_protocol), status.update)
+        return build(replace(source, max_tokens=cfg.max_tokens, format=cfg.format), status.update)
 
 
 def click_error(message: str) -> Exception:

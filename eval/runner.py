@@ -35,7 +35,7 @@ class EvalConfig:
     use_tools: bool = True
     seed: int = 0
     api: str = "completions"  # token level through the core's engines; "chat": client-side over chat completions
-    tool_protocol: str = ""  # "": the model's (registry); set to what was used once the engine is built
+    format: str = ""  # "": the model's (registry); set to what was used once the engine is built
     limit: int | None = None  # the first K problems
     concurrency: int = 64  # samples in flight
     retries: int = 3  # per sample, on engine errors
@@ -44,7 +44,7 @@ class EvalConfig:
 
     def settings(self) -> dict[str, Any]:
         """What the results depend on: a run resumes only with the same settings (n and limit may grow)."""
-        keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "tool_protocol")
+        keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "format")
         return {k: getattr(self, k) for k in keep}
 
     def agent_config(self) -> AgentConfig:

@@ -192,6 +192,7 @@ class MarkdownProtocol:
 
 
 PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol}
+FORMATS = ("hermes", "markdown", "rstar2-release")  # the format profiles: `--format` on chat, serve, eval, train
 
 
 def cap_calls(calls: list[ToolCall], max_calls: int) -> list[ToolCall]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
+from .chat_format import FORMATS
 from .logs import setup_logging
 from .sandbox.sandbox_commands import sandbox_group
 
@@ -51,13 +52,13 @@ main.add_command(sandbox_group)
 @click.option("--max-turns", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=4096, show_default=True,
               help="Response budget per answer (generated and tool tokens).")
-@click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
+@click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="Default: the model's (registry).")
 @click.option("-p", "--prompt", "question", default=None, help="Answer this once and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With -p: print the trajectory as JSON.")
 @click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, max_tokens, tool_protocol,
+def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, max_tokens, format_name,
              question, as_json, sandbox_urls, unsafe) -> None:
     """Chat with the agent in the terminal."""
     import asyncio
@@ -71,7 +72,7 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
 
     opts = ChatOptions(model=model, engine=engine, urls=(url,) if url else (), served_model=served_model,
                        api_key=api_key, temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
-                       tool_protocol=tool_protocol)
+                       format=format_name)
     sandbox = make_sandbox(list(sandbox_urls), config=SandboxConfig(workers=1, isolation=not unsafe))
     console = Console(stderr=as_json)
     try:

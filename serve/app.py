@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServeConfig:
     model_name: str
-    tool_protocol: str = "hermes"  # for the server-side tool loop; client `tools` always use hermes
+    format: str = "hermes"  # for the server-side tool loop; client `tools` always use hermes
     chat_template: str | None = None
     max_turns: int = 30
     max_tokens: int = 8192  # default response budget when a request sets none
@@ -86,7 +86,7 @@ class Server:
 
     def format_for(self, req: ChatRequest) -> ChatFormat:
         """Client tools always use hermes; the server-side loop uses the request's or the server's protocol."""
-        return self.formats["hermes" if req.tools else (req.tool_protocol or self.cfg.tool_protocol)]
+        return self.formats["hermes" if req.tools else (req.format or self.cfg.format)]
 
     # ------------------------------------------------------------------ chat: the server-side tool loop
     def agent_config(self, req: ChatRequest, index: int) -> AgentConfig:

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from rstar2_agent.chat_format import FORMATS
 from rstar2_agent.cli_options import replica_options
 from rstar2_agent.engines import ENGINES
 
@@ -31,11 +32,11 @@ from rstar2_agent.engines import ENGINES
 @click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
               help="Default response budget when a request sets none.")
 @click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
-@click.option("--tool-protocol", type=click.Choice(["hermes", "markdown"]), default=None,
+@click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="For the server-side tool loop; default: the model's.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
-              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, tool_protocol,
+              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, format_name,
               unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 serve bench`: against
     vLLM's own server)."""
@@ -62,7 +63,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
         config.workers = sandbox_workers
     name = served_model_name or (model if model and not os.path.isdir(model) else resolved.spec.name)
     cfg = ServeConfig(model_name=os.path.basename(name.rstrip("/")) if os.path.isdir(name) else name,
-                      tool_protocol=tool_protocol or resolved.spec.tool_protocol,
+                      format=format_name or resolved.spec.format,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key)
 

@@ -125,7 +125,7 @@ async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, f
         r = await client.chat.completions.create(
             model=model, temperature=0.7, seed=i,
             messages=[{"role": "user", "content": "Compute 2**100 with Python: write the code in a ```python block."}],
-            max_tokens=120, extra_body={"max_turns": 2, "tool_protocol": "markdown"})
+            max_tokens=120, extra_body={"max_turns": 2, "format": "markdown"})
         ext = r.choices[0].message.model_extra["rstar2"]
         durations = [c["duration"] for t in ext["turns"] for c in t["tool_calls"] if c["status"] == "ok"]
         if durations:

@@ -103,7 +103,7 @@ async def serving(engine, sandbox, **cfg):
     fields to change."""
     from rstar2_agent.serve.app import ServeConfig, Server, create_app
 
-    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", tool_protocol="markdown", **cfg))
+    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", format="markdown", **cfg))
     async with uvicorn_app(create_app(server, manage=False)) as url:
         yield url
 

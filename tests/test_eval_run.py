@@ -100,14 +100,14 @@ def flaky_proxy(upstream: str) -> FastAPI:
 
 
 async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path, engine, sandbox, smol):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", tool_protocol="markdown"))
+    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     proxy = flaky_proxy("")
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         proxy = flaky_proxy(upstream)
         async with uvicorn_app(proxy) as url:
             source = Source(model=smol.path, urls=[url])
-            config = cfg(n=1, limit=2, retries=2, backoff=0.05, tool_protocol="markdown")
+            config = cfg(n=1, limit=2, retries=2, backoff=0.05, format="markdown")
             await evaluate(["aime24"], source, config, store, "flaky", data_dir=str(FIXTURE))
             (result,) = load(store, "flaky")
             errors = store.samples(result.run.id, status="error")
@@ -122,14 +122,14 @@ async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path
 
 
 async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", tool_protocol="markdown"))
+    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         a, b = flaky_proxy(upstream), flaky_proxy(upstream)
         a.state.fail = b.state.fail = False
         async with uvicorn_app(a) as url_a, uvicorn_app(b) as url_b:
             source = Source(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
-            await evaluate(["aime24"], source, cfg(n=2, tool_protocol="markdown", max_tokens=48), store, "pool",
+            await evaluate(["aime24"], source, cfg(n=2, format="markdown", max_tokens=48), store, "pool",
                            data_dir=str(FIXTURE))
     (result,) = load(store, "pool")
     assert len(result.samples) == 6 and result.errors == 0 and result.run.info["urls"] == [url_a, url_b]
@@ -137,7 +137,7 @@ async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol)
 
 
 async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", tool_protocol="markdown"))
+    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as url:
         await evaluate(["aime24"], Source(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=160), store, "chat",

@@ -46,7 +46,7 @@ BAD_CHAT = [
     (chat(seed="7"), "seed"),
     (chat(seed=1.5), "seed"),
     (chat(max_turns="3"), "max_turns"),
-    (chat(tool_protocol="xml"), "tool_protocol"),
+    (chat(format="xml"), "format"),
     # ranges
     (chat(n=0), "n"),
     (chat(n=17), "n"),
@@ -183,7 +183,7 @@ async def test_the_openai_client_reads_the_error(url):
                               tools=[WEATHER], tool_choice="auto", stop=["\n\n", "Paris", "x", "y"], seed=3)),
     ("chat/completions", chat(tools=[WEATHER], tool_choice="none", presence_penalty=0, response_format={"type": "text"},
                               stream=True, stream_options={"include_usage": False})),
-    ("chat/completions", chat(logprobs=True, top_logprobs=0, n=2, max_turns=1, tool_protocol="markdown")),
+    ("chat/completions", chat(logprobs=True, top_logprobs=0, n=2, max_turns=1, format="markdown")),
     ("completions", {"prompt": [1, 2, 3], "logprobs": 0, "stop": "\n", "stop_token_ids": [2], "seed": -4}),
 ])
 async def test_valid_shapes_still_pass(url, path, body):

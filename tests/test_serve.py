@@ -212,7 +212,7 @@ async def test_serve_cli_spreads_conversations_over_replicas(smol):
 
     port = free_port()
     argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--port", str(port), "--replicas", "2",
-            "--replica-policy", "least_outstanding", "--sandbox-workers", "1", "--tool-protocol", "markdown"]
+            "--replica-policy", "least_outstanding", "--sandbox-workers", "1", "--format", "markdown"]
     with running(argv, port, timeout=240) as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         replies = await asyncio.gather(*(client.chat.completions.create(

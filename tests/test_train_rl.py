@@ -84,7 +84,7 @@ def test_stage_of_global_steps():
 def tiny(tmp_path, **kw) -> RLConfig:
     base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                 prompts_per_step=2, group_size=2, micro_batch=4, out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"),
-                tool_protocol="markdown")
+                format="markdown")
     return RLConfig(**{**base, **kw})
 
 

@@ -142,7 +142,7 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(sft_checkpoint):
     losses = [h["loss"] for h in history]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.6 * sum(losses[:3]), losses
     assert (final / "model.safetensors").is_file() and (final / "trainer_state.pt").is_file()
-    assert json.loads((final / "rstar2.json").read_text())["tool_protocol"] == "hermes"
+    assert json.loads((final / "rstar2.json").read_text())["format"] == "hermes"
     p = subprocess.run([RSTAR2, "chat", "--model", str(final), "--engine", "hf", "--temperature", "0", "--max-tokens",
                         "128", "--max-turns", "2", "-p", "What is the greatest common divisor of 1234 and 5678?",
                         "--json"], capture_output=True, text=True, timeout=240)

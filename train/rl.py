@@ -68,7 +68,7 @@ class RLConfig:
     micro_batch: int = 8  # trajectories per forward pass
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
-    tool_protocol: str = "hermes"
+    format: str = "hermes"
     seed: int = 0
     out: str = "runs/rl"
     save_every: int = 0  # steps; stage ends always save
@@ -119,7 +119,7 @@ class RLRun:
             tokenizer = self.learner.tokenizer
         self.state: dict[str, Any] = self.learner.load_state(last) if last else {}
         self.pool_ids: list[str] | None = self.state.get("pool")
-        self.fmt = ChatFormat(tokenizer, cfg.tool_protocol, self.resolved.spec.chat_template)
+        self.fmt = ChatFormat(tokenizer, cfg.format, self.resolved.spec.chat_template)
         self.context_length = self.resolved.spec.context_length
         self.grader = MathGrader()
         self.engine: Any = None
@@ -247,7 +247,7 @@ class RLRun:
         return metrics
 
     def save(self, step: int, stage_index: int) -> Path:
-        meta = {"tool_protocol": self.cfg.tool_protocol, "context_length": self.context_length, "stage": "rl",
+        meta = {"format": self.cfg.format, "context_length": self.context_length, "stage": "rl",
                 "trained_from": self.cfg.model, "step": step}
         path = self.learner.save(Path(self.cfg.out) / f"checkpoint-{step}",
                                  {"stage": stage_index, "pool": self.pool_ids}, meta)

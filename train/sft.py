@@ -44,7 +44,7 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False
-    tool_protocol: str = "hermes"
+    format: str = "hermes"
     seed: int = 0
     out: str = "runs/sft"
     save_every: int = 0  # steps; 0: only at the end
@@ -86,7 +86,7 @@ class SFTRun:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        self.fmt = ChatFormat(tokenizer, cfg.tool_protocol, resolved.spec.chat_template)
+        self.fmt = ChatFormat(tokenizer, cfg.format, resolved.spec.chat_template)
         examples = load_examples(self.fmt, records, cfg.seq_len, cfg.overlong, self.stats)
         if not examples:
             raise ValueError(f"no usable training examples in {cfg.data} (see the warnings above)")
@@ -128,7 +128,7 @@ class SFTRun:
         return {"loss": loss, "tokens_per_s": tokens / (time.perf_counter() - t0), "target_tokens": denominator, **out}
 
     def save(self, learner: Learner) -> Path:
-        meta = {"tool_protocol": self.cfg.tool_protocol, "context_length": self.base_spec.context_length,
+        meta = {"format": self.cfg.format, "context_length": self.base_spec.context_length,
                 "trained_from": self.cfg.model, "stage": "sft", "step": learner.step}
         path = learner.save(Path(self.cfg.out) / f"checkpoint-{learner.step}", {}, meta)
         link_last(path)

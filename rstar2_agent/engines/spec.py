@@ -19,7 +19,7 @@ class EngineSpec:
     replica_policy: str = "kv_aware"
     served_model: str | None = None
     api_key: str | None = None
-    tool_protocol: str | None = None  # default: the model's, from the registry
+    format: str | None = None  # default: the model's, from the registry
     max_tokens: int = 4096  # the response budget (a replica pool plans its KV reservations with it)
 
     def kind(self) -> str:
@@ -39,7 +39,7 @@ class EngineSpec:
                             api_key=self.api_key)
 
     def chat_format(self, engine: Engine, resolved: ResolvedModel) -> ChatFormat:
-        return ChatFormat(engine.tokenizer, self.tool_protocol or resolved.spec.tool_protocol,
+        return ChatFormat(engine.tokenizer, self.format or resolved.spec.format,
                           resolved.spec.chat_template)
 
 
