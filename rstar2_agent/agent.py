@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat_format import ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
+from .chat_format import PROTOCOLS, ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
 from .engines.base import Engine, EngineError, SamplingParams
 from .engines.scope import one_trajectory
+from .sandbox import release_tool
+from .sandbox.release_tool import RELEASE_TOOL
 from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecResult, Sandbox, Status
 from .trajectory import ToolCallRecord, Trajectory, Turn
@@ -27,8 +29,8 @@ from .trajectory import ToolCallRecord, Trajectory, Turn
 class AgentConfig:
     max_turns: int = 30  # assistant turns (paper: 10 in RL stages 1-2, 15 in stage 3, 30 at eval)
     max_response_tokens: int = 30000  # generated plus inserted tokens
-    max_tool_output_chars: int = 2048  # per stream, per call, as the model sees it
-    max_calls_per_turn: int = 8
+    max_tool_output_chars: int | None = None  # as the model sees it; None: the format's (2048 a stream; release: 256)
+    max_calls_per_turn: int | None = None  # None: the format's (hermes 8; markdown and the release 1)
     tool_timeout: float = 10.0
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -74,13 +76,13 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             while True:  # one assistant turn; resumed when a stop string ended it without a call
                 turn_stops = stops if resumes < MAX_RESUMES else [s for s in stops if s not in fmt.protocol.soft_stop]
                 sampling = dataclasses.replace(cfg.sampling, max_tokens=min(cfg.sampling.max_tokens, room - len(
-                    turn_ids)), stop=turn_stops)
+                    turn_ids)), stop=turn_stops, stop_token_ids=[*cfg.sampling.stop_token_ids, *fmt.stop_token_ids])
                 gen = await engine.generate(traj.prompt_ids + traj.response_ids + turn_ids, sampling,
                                             on_tokens=decoder.feed if decoder else None)
                 turn_ids += gen.token_ids
                 turn_logprobs += gen.logprobs
                 text = fmt.decode(turn_ids)
-                calls = fmt.parse(text, cfg.max_calls_per_turn, tools)
+                calls = fmt.parse(text, cfg.max_calls_per_turn or fmt.protocol.max_calls_per_turn, tools)
                 if calls or gen.stop_text is None or gen.finish_reason != "stop" or len(turn_ids) >= room:
                     break
                 resumes += 1
@@ -97,8 +99,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         turn = Turn(text=text, num_tokens=len(turn_ids), finish_reason=gen.finish_reason)
         traj.turns.append(turn)
         traj.add_generated(turn_ids, turn_logprobs)
-        traj.stop_reason = stop_after_turn(text, bool(calls), gen.finish_reason == "length",
-                                           len(traj.response_ids) >= cfg.max_response_tokens)
+        traj.stop_reason = stop_after_turn(text, bool(calls), gen.finish_reason == "length")
         if traj.stop_reason:
             emit("turn_end", turn)
             break
@@ -120,12 +121,14 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     return traj
 
 
-def stop_after_turn(text: str, has_calls: bool, cut_off: bool, budget_spent: bool) -> str:
+def stop_after_turn(text: str, has_calls: bool, cut_off: bool, budget_spent: bool = False) -> str:
     """Why the loop ends after a turn, or "" to run its calls and go on (the rule of every loop: the token-level
-    one here and eval's chat-API one): a turn cut off by the length limit ends the loop as `max_tokens` when it
-    holds a call or the response budget is spent; a turn without a call ends it as `answer` when it wrote an
-    <answer> block, else `no_tool_call`."""
-    if cut_off and (has_calls or budget_spent):
+    one here and eval's chat-API one). A turn cut off by a length limit (the response budget, the engine's context,
+    a per-turn cap) ends the loop as `max_tokens` whatever it holds: the rollout is truncated (RL rewards it 0, as
+    the paper does overlong rollouts). Otherwise a turn without a call ends it as `answer` when it wrote an
+    <answer> block, else `no_tool_call`. `budget_spent` changes nothing (a cut-off turn is truncated either way);
+    it stays until eval/chat_api.py stops passing it."""
+    if cut_off:
         return "max_tokens"
     if not has_calls:
         return "answer" if answer_blocks(text) else "no_tool_call"
@@ -153,7 +156,8 @@ async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, c
             result = await _execute(call, sandbox, cfg.tool_timeout)
             rec.status, rec.stdout, rec.stderr, rec.duration = str(result.status), result.stdout, result.stderr, \
                 result.duration
-        rec.response = format_result(call, result, cfg.max_tool_output_chars, protocol)
+        limit = cfg.max_tool_output_chars or PROTOCOLS[protocol].max_tool_output_chars
+        rec.response = format_result(call, result, limit, protocol)
         emit("tool_result", rec)
         return rec
 
@@ -165,6 +169,8 @@ async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float) -> ExecResu
     try:
         if call.name == STATELESS_TOOL:
             return await sandbox.run(args.get("code", ""), stdin=args.get("input", "") or "", timeout=timeout)
+        if call.name == RELEASE_TOOL:  # the release's executor around the code (rstar2-release)
+            return await sandbox.run(release_tool.program(args["code"]), stdin=args["input"], timeout=timeout)
         return ExecResult.failure(Status.INTERNAL_ERROR, f"no executor for the tool {call.name!r}")
     except Exception as e:  # noqa: BLE001 - a sandbox that is down still gives the model an answer
         return ExecResult.failure(Status.INTERNAL_ERROR, f"the sandbox failed: {type(e).__name__}: {e}")

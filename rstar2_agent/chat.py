@@ -21,7 +21,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from .agent import AgentConfig, run_agent
-from .chat_format import USER_TEMPLATE, ChatFormat
+from .chat_format import ChatFormat
 from .engines import Engine
 from .engines.base import SamplingParams
 from .engines.spec import EngineSpec
@@ -93,8 +93,8 @@ async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, messages: li
     return await run_agent(messages, engine, sandbox, fmt, cfg, on_event=renderer)
 
 
-def user_message(text: str) -> dict[str, str]:
-    return {"role": "user", "content": USER_TEMPLATE.format(problem=text)}
+def user_message(fmt: ChatFormat, text: str) -> dict[str, str]:
+    return {"role": "user", "content": fmt.user_content(text)}
 
 
 async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json: bool, console: Console) -> int:
@@ -102,7 +102,7 @@ async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json:
     try:
         async with sandbox:
             renderer = None if as_json else Renderer(console, (fmt.eos_text,))
-            traj = await answer(engine, sandbox, fmt, [user_message(question)], opts, renderer)
+            traj = await answer(engine, sandbox, fmt, [user_message(fmt, question)], opts, renderer)
     finally:
         await engine.close()
     if as_json:
@@ -161,7 +161,7 @@ async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> No
                     messages = []
                     console.print(Text("(conversation forgotten)", style="dim"))
                     continue
-                messages.append(user_message(line))
+                messages.append(user_message(fmt, line))
                 task = asyncio.ensure_future(answer(engine, sandbox, fmt, messages, opts, renderer))
                 current["answer"] = task
                 try:

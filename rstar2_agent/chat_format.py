@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
+from . import release_format
+from .release_format import ReleaseProtocol
 from .sandbox.tools import STATELESS_SCHEMA, STATELESS_TOOL
+from .tool_calls import ToolCall, cap_calls, validate_arguments
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. Solve the user's problem by reasoning step by step. When you are done, "
@@ -52,60 +53,16 @@ CHATML_TEMPLATE = (
 _MARK_B, _MARK_C = "\x00rstar2-assistant\x00", "\x00rstar2-tool\x00"
 
 
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-    raw: str = ""  # the text the model wrote for this call
-    error: str | None = None  # set when the call cannot run; the loop answers with this message
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:16])
-
-
 def default_tools() -> list[dict[str, Any]]:
     return [STATELESS_SCHEMA]
 
-
-def _schema(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for t in tools:
-        fn = t.get("function", t)
-        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
-    return out
-
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "object": (dict,), "array": (list,), "null": (type(None),),
-}
-
-
-def validate_arguments(name: str, args: Any, tools: list[dict[str, Any]]) -> str | None:
-    """None when `args` fit the tool's JSON schema (required, extra and basic types), else the problem."""
-    schemas = _schema(tools)
-    if name not in schemas:
-        return f"unknown tool {name!r}; the available tools are: {', '.join(sorted(schemas)) or 'none'}"
-    if not isinstance(args, dict):
-        return f"the arguments of {name!r} must be a JSON object, got {type(args).__name__}"
-    params = schemas[name]
-    props: dict[str, Any] = params.get("properties") or {}
-    missing = [p for p in params.get("required", []) if p not in args]
-    if missing:
-        return f"missing required argument(s) {', '.join(map(repr, missing))} for {name!r}"
-    extra = [a for a in args if props and a not in props and not params.get("additionalProperties", False)]
-    if extra:
-        return f"unexpected argument(s) {', '.join(map(repr, extra))} for {name!r}; it takes {', '.join(props)}"
-    for key, value in args.items():
-        expected = (props.get(key) or {}).get("type")
-        kinds = [expected] if isinstance(expected, str) else (expected or [])
-        if kinds and not any(isinstance(value, _JSON_TYPES.get(k, (object,))) and not (
-                k in ("integer", "number") and isinstance(value, bool)) for k in kinds):
-            return f"argument {key!r} of {name!r} must be {' or '.join(kinds)}, got {type(value).__name__}"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- protocols
 class HermesProtocol:
     name = "hermes"
+    max_calls_per_turn = 8  # calls past it are answered with an error
+    max_tool_output_chars = 2048  # per stream, per call
     stop: list[str] = []  # the turn ends at the end-of-turn token; calls are parsed from the whole turn
     soft_stop: list[str] = []
     user_turn_results = True
@@ -159,6 +116,8 @@ class MarkdownProtocol:
     at any other fence is not a call, and the loop lets the model go on."""
 
     name = "markdown"
+    max_calls_per_turn = 1
+    max_tool_output_chars = 2048
     stop = ["```output", "```\n"]
     soft_stop = ["```\n"]  # also ends other fences: the loop resumes the turn then
     user_turn_results = False
@@ -191,15 +150,8 @@ class MarkdownProtocol:
         return f"```python\n{arguments.get('code', '')}\n```\n```output"
 
 
-PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol}
+PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol, "rstar2-release": ReleaseProtocol}
 FORMATS = ("hermes", "markdown", "rstar2-release")  # the format profiles: `--format` on chat, serve, eval, train
-
-
-def cap_calls(calls: list[ToolCall], max_calls: int) -> list[ToolCall]:
-    for c in calls[max_calls:]:
-        if c.error is None:
-            c.error = f"too many tool calls in one turn (at most {max_calls}); this call was not run"
-    return calls
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -213,6 +165,8 @@ def truncate(text: str, limit: int) -> str:
 
 def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: str) -> str:
     """The text the model reads for one call: an error, or status, stdout, stderr and time, each cut."""
+    if protocol == ReleaseProtocol.name:
+        return ReleaseProtocol.result_text(call, result, max_chars)
     if call.error is not None:
         body = {"name": call.name or None, "status": "failure", "error": call.error}
         return json.dumps(body, ensure_ascii=False) if protocol == "hermes" else f"Error: {call.error}"
@@ -281,13 +235,24 @@ class ChatFormat:
             raise ValueError(f"unknown tool protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
         self.tokenizer = tokenizer
         self.protocol = PROTOCOLS[protocol]()
+        self.release = protocol == ReleaseProtocol.name  # renders with the release's template, not the model's
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
-        self.tools = default_tools() if tools is None else tools
+        if tools is None:
+            tools = release_format.default_tools() if self.release else default_tools()
+        self.tools = tools
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.eos_token_id
-        self._after_assistant = self._probe_turn_suffix()
+        self.stop_token_ids: list[int] = []  # ids that end a turn besides the engine's end of sequence
+        if self.release:  # the template ends every turn with <|im_end|>, whatever the tokenizer's eos is
+            end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if isinstance(end, int) and end != tokenizer.unk_token_id:
+                self.eos_text, self.eos_id, self.stop_token_ids = "<|im_end|>", end, [end]
+        self._after_assistant = "" if self.release else self._probe_turn_suffix()
 
-    def _apply(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def _apply(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        if self.release:
+            return release_format.render(messages, self.tools if tools is None else tools, add_generation_prompt)
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
 
@@ -304,12 +269,19 @@ class ChatFormat:
         tools = self.tools if tools is None else tools
         return base + (self.protocol.tools_prompt(tools) if tools else "")
 
+    def user_content(self, problem: str) -> str:
+        """A user turn for a problem: wrapped as rStar2 asks (the release's template wraps it itself)."""
+        return problem if self.release else USER_TEMPLATE.format(problem=problem)
+
     def messages_for(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                      ) -> list[dict[str, str]]:
-        """A problem (wrapped as rStar2 asks) or OpenAI-style messages -> plain role/content messages."""
+        """A problem (wrapped as rStar2 asks) or OpenAI-style messages -> plain role/content messages (for the
+        release's template: messages with their tool calls, arguments as objects, as vLLM gives templates)."""
+        if self.release:
+            return _release_messages(prompt)
         if isinstance(prompt, str):
             return [{"role": "system", "content": self.system_prompt(tools)},
-                    {"role": "user", "content": USER_TEMPLATE.format(problem=prompt)}]
+                    {"role": "user", "content": self.user_content(prompt)}]
         out: list[dict[str, str]] = []
         pending_results: list[str] = []
         for m in prompt:
@@ -336,12 +308,14 @@ class ChatFormat:
 
     def render_prompt(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                       ) -> list[int]:
-        return self.encode(self._apply(self.messages_for(prompt, tools), add_generation_prompt=True))
+        return self.encode(self._apply(self.messages_for(prompt, tools), True, tools))
 
     # -- tool responses
     def tool_response_ids(self, results: list[str], turn_ended_with_eos: bool, turn_text: str = "") -> list[int]:
         """The exact ids inserted after an assistant turn: for hermes the end of that turn, a user turn of
         <tool_response> blocks and the next assistant header; for markdown the output block."""
+        if self.release:
+            return self.encode(release_format.tool_response_text(results))
         if not self.protocol.user_turn_results:
             return self.encode(self.protocol.results_text(results, turn_text))
         text = self._after_assistant.replace(_MARK_C, self.protocol.results_text(results))
@@ -369,6 +343,20 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _release_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    out = []
+    for m in prompt:
+        msg = {"role": m.get("role"), "content": _text(m.get("content"))}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [{"function": {"name": c["function"]["name"],
+                                               "arguments": _args(c["function"].get("arguments"))}}
+                                 for c in m["tool_calls"]]
+        out.append(msg)
+    return out
 
 
 def _args(arguments: Any) -> dict[str, Any]:

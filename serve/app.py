@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rstar2_agent.agent import AgentConfig, run_agent
-from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.chat_format import FORMATS, ChatFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServeConfig:
     model_name: str
-    format: str = "hermes"  # for the server-side tool loop; client `tools` always use hermes
+    format: str = "hermes"  # the format profile; requests with client `tools` use hermes unless it is rstar2-release
     chat_template: str | None = None
     max_turns: int = 30
     max_tokens: int = 8192  # default response budget when a request sets none
@@ -51,7 +51,7 @@ class ServeConfig:
 class Server:
     def __init__(self, engine: Engine, sandbox: Sandbox, config: ServeConfig):
         self.engine, self.sandbox, self.cfg = engine, sandbox, config
-        self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in ("hermes", "markdown")}
+        self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in FORMATS}
         self.gate = asyncio.Semaphore(config.max_concurrency)
         self.vocab_size = len(engine.tokenizer)  # len() of a tokenizer is not free: once
         self.metrics = ServeMetrics()
@@ -85,8 +85,10 @@ class Server:
                               max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
 
     def format_for(self, req: ChatRequest) -> ChatFormat:
-        """Client tools always use hermes; the server-side loop uses the request's or the server's protocol."""
-        return self.formats["hermes" if req.tools else (req.format or self.cfg.format)]
+        """The request's format profile, else the server's; client tools are rendered and parsed as Hermes calls
+        (the markdown profile has no way to declare them; the release's profile is Hermes-shaped already)."""
+        name = req.format or self.cfg.format
+        return self.formats["hermes" if req.tools and name == "markdown" else name]
 
     # ------------------------------------------------------------------ chat: the server-side tool loop
     def agent_config(self, req: ChatRequest, index: int) -> AgentConfig:
@@ -110,9 +112,10 @@ class Server:
 
     # ------------------------------------------------------------------ chat: client-side tools
     async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int]):
-        fmt = self.formats["hermes"]
+        fmt = self.format_for(req)
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
-                                                 self.engine.context_length - len(prompt)))
+                                                 self.engine.context_length - len(prompt)),
+                                 stop_token_ids=fmt.stop_token_ids)
         async with self.gate:
             gen = await self.engine.generate(prompt, sampling)
         self.metrics.tokens.labels("prompt").inc(len(prompt))
