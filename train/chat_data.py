@@ -70,6 +70,10 @@ def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | N
 def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
     """Token ids of the whole conversation and the assistant-token mask, from the chat template's text: each
     assistant message spans from after its header to its end-of-turn token, found by rendering prefixes."""
+    if fmt.release:
+        raise DataError("SFT in the rstar2-release format is not supported: the release's template prefixes every "
+                        "assistant turn without tool calls with the problem instruction and opens generation with "
+                        "<reason>, so assistant turns do not render prefix by prefix; train with format: hermes")
     messages = fmt.messages_for(record["messages"], record.get("tools"))
     full = fmt._apply(messages, add_generation_prompt=False)
     spans = []
