@@ -48,9 +48,9 @@ train: install
 	$(VENV)/bin/rstar2 train rl --recipe rl-smollm2-cpu
 	$(VENV)/bin/rstar2 train report rl-smollm2-cpu --png runs/rl-smollm2-cpu/curves.png
 	$(VENV)/bin/rstar2 eval synth --model runs/sft-smollm2-cpu/last --run sft-smollm2-cpu-synth --limit 24 --n 1 \
-	  --temperature 0 --tool-protocol hermes --max-tokens 256 --max-turns 3 --concurrency 8
+	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 24 --n 1 \
-	  --temperature 0 --tool-protocol hermes --max-tokens 256 --max-turns 3 --concurrency 8
+	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
