@@ -42,12 +42,11 @@ def test_all_equal_groups_are_dropped_and_counts_follow_the_split():
     assert split_counts(12, 4, 8) == (6, 2) and split_counts(3, 0, 8) == (3, 0)
 
 
-def test_topk_keeps_the_lowest_penalties():
-    stats = [rs(1, calls=2, errors=1), rs(1, calls=2), rs(1, ok=False), rs(1, calls=5, errors=1), rs(0), rs(0),
-             rs(0), rs(0)]
+def test_topk_keeps_the_lowest_release_penalties():
+    stats = [RolloutStats(1, release_penalty=p) for p in (0.5, 0.0, 1.0, 0.2)] + [rs(0)] * 4
     kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk")
     positives = [i for i in kept[0] if i < 4]
-    assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0
+    assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0 (test_roc.py: the release's penalty)
 
 
 def test_the_paper_sampler_follows_inverse_penalty():
@@ -83,8 +82,8 @@ def test_stage_of_global_steps():
 
 def tiny(tmp_path, **kw) -> RLConfig:
     base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
-                prompts_per_step=2, group_size=2, micro_batch=4, out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"),
-                format="markdown")
+                prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
+                out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown")
     return RLConfig(**{**base, **kw})
 
 

@@ -35,7 +35,7 @@ from .distributed import LearnerGroup, RayConfig, start_rollout
 from .learner import Learner, OptimConfig, link_last
 from .loss import grpo_advantages
 from .recipe import dump
-from .roc import Group, RolloutStats, resample_on_correct
+from .roc import Group, RolloutStats, check_sizes, release_penalty, resample_on_correct
 from .sft import checkpoints
 from .update import UpdateItem, policy_update
 
@@ -59,7 +59,11 @@ class RLConfig:
     stages: list[Stage] = field(default_factory=lambda: [Stage(steps=2)])
     prompts_per_step: int = 4
     group_size: int = 4  # G: 2G rollouts per prompt, G kept
-    positive_sampling: str = "paper"  # paper (probability 1/p) or topk (lowest p)
+    positive_sampling: str = "paper"  # paper (probability 1/p) or topk (the release's ranking: lowest release p)
+    # RoC keeps at least this many positives and negatives of a mixed group (the release: 2 each); group_size must
+    # be at least their sum: set both to 1 to keep at least one of each side with G = 2 or 3
+    roc_min_positive: int = 2
+    roc_min_negative: int = 2
     roc: bool = True  # False: plain GRPO on G rollouts per prompt, all used (the ablation)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -92,9 +96,11 @@ def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
     raise IndexError("past the last stage")
 
 
-def rollout_stats(traj: Trajectory, reward: float) -> RolloutStats:
+def rollout_stats(traj: Trajectory, reward: float, fmt: ChatFormat) -> RolloutStats:
+    """Our counts for the paper's sampler, and the release's penalty on the decoded response for "topk"."""
     return RolloutStats(reward, len(traj.tool_calls), sum(c.failed for c in traj.tool_calls),
-                        len(answer_blocks(traj.text)), well_formed_answer(traj.text), max(1, len(traj.turns)))
+                        len(answer_blocks(traj.text)), well_formed_answer(traj.text), max(1, len(traj.turns)),
+                        release_penalty(fmt.decode(traj.response_ids)))
 
 
 class RLRun:
@@ -104,6 +110,8 @@ class RLRun:
     def __init__(self, cfg: RLConfig, resume: bool = False):
         if cfg.distributed not in ("none", "ray"):
             raise ValueError(f"distributed must be none or ray, not {cfg.distributed!r}")
+        if cfg.roc:
+            check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
         self.cfg = cfg
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
         self.resolved = resolve_model(str(last) if last else cfg.model)
@@ -212,11 +220,12 @@ class RLRun:
         prompts = self.prompts(pool, step)
         n = cfg.rollouts_per_prompt
         groups = await self.rollouts(prompts, n, stage, step)
-        stats = [[rollout_stats(t, r) for t, r in g] for g in groups]
+        stats = [[rollout_stats(t, r, self.fmt) for t, r in g] for g in groups]
         if cfg.roc:
             kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
                                             cfg.group_size, seed=cfg.seed * 7919 + step,
-                                            positive_sampling=cfg.positive_sampling)
+                                            positive_sampling=cfg.positive_sampling,
+                                            min_positive=cfg.roc_min_positive, min_negative=cfg.roc_min_negative)
             roc_metrics = {"roc_dropped_groups": roc.dropped_all_equal, "roc_kept_positive": roc.kept_positive,
                            "roc_kept_negative": roc.kept_negative}
         else:

@@ -1,16 +1,27 @@
 """Resample-on-Correct (GRPO-RoC, rStar2-Agent section 2.2): from 2G rollouts of a prompt keep G.
 
-Groups whose rewards are all equal carry no signal and are dropped. The kept counts follow the group's
-share of positives and negatives, with at least 2 of each side when the group has them. Negatives are kept
-uniformly at random. Positives are kept by their penalty p = p_err + p_format (p_err: failed tool calls / tool
-calls, 0.5 without a call; p_format: 1 without a well-formed <answer> block, else min(1, (answer blocks - 1) /
-turns); see `penalty`): with probability inversely proportional to p (the paper, `positive_sampling="paper"`)
-or the lowest-p top-k (the released code, `"topk"`). A pure function: the same rollouts and seed give the same choice.
+The order and sizes follow the release's down-sampling (microsoft/rStar, rstar2_agent/down_sample/:
+`reject_equal_reward`, then `resample_of_correct`, as its run script configures them):
+1. Groups whose rewards are all equal carry no signal and are dropped.
+2. Each side keeps round(its share x G) (`split_counts`), raised to at least `min_negative` negatives, then at
+   least `min_positive` positives, when the group has them (the release's min_zero_reward_trace_num and
+   min_non_zero_reward_trace_num, both 2). G below min_positive + min_negative is refused (`check_sizes`), as
+   the release's assert refuses it; min_positive = min_negative = 1 is the named option for G = 2 or 3.
+3. Negatives are kept uniformly at random (the paper; the release keeps the lowest-penalty ones, in order).
+4. Positives are kept by a penalty, one of two:
+   - `positive_sampling="paper"` (default): with probability inversely proportional to p = p_err + p_format
+     counted on the trajectory (`penalty`: failed calls / calls, 0.5 without a call; 1 without a well-formed
+     <answer> block, else min(1, (answer blocks - 1) / turns)).
+   - `"topk"`: the lowest-first ranking of the release's `resample_of_correct`, on the penalty its
+     `calc_error_ratio_penalty_weights` + `calc_format_penalty_weights` compute from the decoded response
+     text (`release_penalty`, set on `RolloutStats.release_penalty`), ties kept in rollout order.
+A pure function: the same rollouts and seed give the same choice.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -28,6 +39,7 @@ class RolloutStats:
     answer_blocks: int = 0  # <answer> blocks written
     well_formed_answer: bool = False  # one final <answer> block with \\boxed{}
     turns: int = 1
+    release_penalty: float | None = None  # `release_penalty` of the decoded response; "topk" ranks by it
 
 
 def penalty(r: RolloutStats) -> float:
@@ -38,6 +50,50 @@ def penalty(r: RolloutStats) -> float:
     return p_err + p_format
 
 
+# ---------------------------------------------------------------------------------------------- the release's p
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+_HEADED_TURN = re.compile(r"<\|im_start\|>assistant.*?<\|im_end\|>", re.DOTALL)
+
+
+def release_error_ratio(response: str) -> float:
+    """The release's p_err (`calc_error_ratio_penalty_weights`): of the `<tool_response>` blocks in the response,
+    the share whose text contains "error" (any case); 0.5 without one. So it counts the results the model was
+    shown (not a turn's calls that were never answered), a failure reported without the word (a timeout) counts
+    as a success, and a success that prints "error" as a failure."""
+    blocks = _TOOL_RESPONSE.findall(response)
+    if not blocks:
+        return 0.5
+    return sum("error" in b.lower() for b in blocks) / len(blocks)
+
+
+def release_format_penalty(response: str) -> float:
+    """The release's p_format (`calc_format_penalty_weights`): 1 unless `<answer>` and `</answer>` both occur, each
+    exactly as often as closed `<answer>...</answer>` blocks (anywhere in the response, tool responses included;
+    no \\boxed{} check); else min(1, (blocks - 1) / turns) where turns counts `<|im_start|>assistant ...
+    <|im_end|>` spans: the assistant turns after the first (the first's header is in the prompt) that ended with
+    <|im_end|>. No such turn (a one-turn answer) gives 1."""
+    opened, closed = response.count("<answer>"), response.count("</answer>")
+    if not opened or not closed:
+        return 1.0
+    blocks = len(_ANSWER_BLOCK.findall(response))
+    if opened != blocks or closed != blocks:
+        return 1.0
+    turns = len(_HEADED_TURN.findall(response))
+    if not turns:
+        return 1.0
+    return min((blocks - 1) / turns, 1.0)
+
+
+def release_penalty(response: str) -> float:
+    """The release's p on one decoded response (special tokens kept, tool responses included), with its
+    roc_error_ratio and roc_answer_format both on as its run script sets them. Its text rules assume ChatML turns
+    and Hermes `<tool_response>` blocks (the hermes and rstar2-release formats); under markdown every positive
+    scores 1.5 and "topk" keeps them in rollout order."""
+    return release_error_ratio(response) + release_format_penalty(response)
+
+
+# ---------------------------------------------------------------------------------------------- down-sampling
 @dataclass
 class RoCStats:
     groups: int = 0
@@ -46,7 +102,7 @@ class RoCStats:
     kept_negative: int = 0
     positives: int = 0  # in the kept groups, before down-sampling
     negatives: int = 0
-    mean_penalty_positive: float = 0.0  # over all positives of the kept groups
+    mean_penalty_positive: float = 0.0  # over all positives of the kept groups (the penalty the sampler used)
     mean_penalty_kept_positive: float = 0.0
 
 
@@ -66,23 +122,42 @@ def _weighted_sample(idx: list[int], weights: list[float], k: int, rng: random.R
     return out
 
 
-def split_counts(n_pos: int, n_neg: int, g: int) -> tuple[int, int]:
-    """How many positives and negatives to keep out of a group, G in total."""
+def check_sizes(g: int, min_positive: int = 2, min_negative: int = 2) -> None:
+    """Refuse a G that cannot keep the minimum of both sides of a mixed group (the release asserts the same)."""
+    if min_positive < 1 or min_negative < 1:
+        raise ValueError(f"roc_min_positive ({min_positive}) and roc_min_negative ({min_negative}) must be at least 1,"
+                         " or a mixed group can lose all its positives or negatives")
+    if g < min_positive + min_negative:
+        raise ValueError(
+            f"group_size (G) = {g} is below roc_min_positive + roc_min_negative = {min_positive + min_negative}: "
+            f"Resample-on-Correct keeps at least {min_positive} positive(s) and {min_negative} negative(s) of a mixed "
+            f"group. Use group_size >= {min_positive + min_negative} (the release keeps 16 of 32 with both at 2), "
+            "or set roc_min_positive=1 and roc_min_negative=1 to keep at least one of each side with G = 2 or 3")
+
+
+def split_counts(n_pos: int, n_neg: int, g: int, min_positive: int = 2, min_negative: int = 2) -> tuple[int, int]:
+    """How many positives and negatives to keep out of a group, G in total, as the release's `resample_of_correct`:
+    each side round(share x G) (Python's round: half to even); the negatives raised to min(min_negative, n_neg),
+    the positives to min(min_positive, n_pos), in that order, the other side taking the rest. Where the two
+    roundings miss G (odd G with a tie; the release stops on its assert there) the negatives take the
+    difference. A group of at most G rollouts is kept whole."""
     total = n_pos + n_neg
-    g = min(g, total)
-    keep_pos = round(g * n_pos / total)
-    keep_pos = max(keep_pos, min(2, n_pos))
-    keep_neg = g - keep_pos
-    if keep_neg < min(2, n_neg):
-        keep_neg = min(2, n_neg)
-        keep_pos = g - keep_neg
-    return min(keep_pos, n_pos), min(keep_neg, n_neg)
+    if total <= g:
+        return n_pos, n_neg
+    keep_neg, keep_pos = round(n_neg * g / total), round(n_pos * g / total)
+    floor_neg, floor_pos = min(min_negative, n_neg), min(min_positive, n_pos)
+    if keep_neg <= floor_neg:
+        keep_neg, keep_pos = floor_neg, g - floor_neg
+    if keep_pos <= floor_pos:
+        keep_pos = floor_pos
+    return keep_pos, g - keep_pos
 
 
-def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_sampling: str = "paper"
-                        ) -> tuple[list[list[T]], RoCStats]:
+def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_sampling: str = "paper",
+                        min_positive: int = 2, min_negative: int = 2) -> tuple[list[list[T]], RoCStats]:
     if positive_sampling not in ("paper", "topk"):
         raise ValueError(f"positive_sampling must be paper or topk, not {positive_sampling!r}")
+    check_sizes(g, min_positive, min_negative)
     rng = random.Random(seed)
     stats = RoCStats(groups=len(groups))
     kept_groups: list[list[T]] = []
@@ -95,11 +170,12 @@ def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_
             continue
         pos = [i for i, s in enumerate(group.stats) if s.reward > 0]
         neg = [i for i, s in enumerate(group.stats) if s.reward <= 0]
-        n_pos, n_neg = split_counts(len(pos), len(neg), g)
-        penalties = {i: penalty(group.stats[i]) for i in pos}
+        n_pos, n_neg = split_counts(len(pos), len(neg), g, min_positive, min_negative)
         if positive_sampling == "topk":
+            penalties = {i: _release_penalty_of(group.stats[i]) for i in pos}
             chosen_pos = sorted(pos, key=lambda i: (penalties[i], i))[:n_pos]
         else:
+            penalties = {i: penalty(group.stats[i]) for i in pos}
             chosen_pos = _weighted_sample(pos, [1.0 / (penalties[i] + EPS) for i in pos], n_pos, rng)
         chosen_neg = rng.sample(neg, n_neg)
         keep = sorted(chosen_pos + chosen_neg)
@@ -113,3 +189,10 @@ def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_
     stats.mean_penalty_positive = sum(pen_all) / len(pen_all) if pen_all else 0.0
     stats.mean_penalty_kept_positive = sum(pen_kept) / len(pen_kept) if pen_kept else 0.0
     return kept_groups, stats
+
+
+def _release_penalty_of(r: RolloutStats) -> float:
+    if r.release_penalty is None:
+        raise ValueError("positive_sampling='topk' ranks by the release's penalty on the response text: build "
+                         "RolloutStats with release_penalty=release_penalty(decoded response)")
+    return r.release_penalty

@@ -1,0 +1,64 @@
+"""A turn cut by the engine's context (not the response budget) is a truncated rollout: with the real hf engine and
+SmolLM2, the loop ends it as `max_tokens` and RL rewards it 0, though the answer block it wrote grades right."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rstar2_agent.agent import AgentConfig, run_agent, stop_after_turn
+from rstar2_agent.chat_format import ChatFormat, answer_blocks, extract_answer
+from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.engines.hf import HFEngine
+from rstar2_agent.grading.math import MathGrader
+from rstar2_agent.train.rl import RLRun
+
+# Greedy SmolLM2 copies the shots: an <answer> block first, then a sentence after it.
+SHOTS = [{"role": "user", "content": "What is 1+1?"},
+         {"role": "assistant",
+          "content": "<answer>\\boxed{2}</answer> Because one plus one makes two, the answer is two."},
+         {"role": "user", "content": "What is 3+3?"},
+         {"role": "assistant",
+          "content": "<answer>\\boxed{6}</answer> Because three plus three makes six, the answer is six."},
+         {"role": "user", "content": "What is 2+2?"}]
+
+
+def test_any_length_cut_is_max_tokens():
+    block = "<answer>\\boxed{4}</answer> Because"
+    assert stop_after_turn(block, has_calls=False, cut_off=True) == "max_tokens"  # budget left: the context cut it
+    assert stop_after_turn(block, False, True, True) == "max_tokens"  # eval/chat_api.py's four arguments still work
+    assert stop_after_turn(block, has_calls=False, cut_off=False) == "answer"
+    assert stop_after_turn("thinking", has_calls=False, cut_off=False) == "no_tool_call"
+    assert stop_after_turn("<tool_call>...", has_calls=True, cut_off=False) == ""
+
+
+@pytest.mark.slow
+async def test_a_turn_cut_by_the_context_mid_answer_is_truncated_and_rewarded_0(engine, sandbox):
+    fmt = ChatFormat(engine.tokenizer, "markdown")
+    cfg = AgentConfig(max_turns=2, max_response_tokens=200, sampling=SamplingParams(temperature=0.0, max_tokens=200))
+    full = await run_agent(SHOTS, engine, sandbox, fmt, cfg)
+    assert full.stop_reason == "answer" and full.turns[0].finish_reason == "stop"
+    ids = full.response_ids
+    block_end = next(i for i in range(1, len(ids) + 1) if answer_blocks(fmt.decode(ids[:i])))
+    assert block_end + 3 < len(ids)  # the turn goes on after its answer block
+
+    small = HFEngine(engine.model_path, model=engine.model, tokenizer=engine.tokenizer,
+                     context_length=len(full.prompt_ids) + block_end + 2)
+    try:
+        cut = await run_agent(SHOTS, small, sandbox, fmt, cfg)
+    finally:
+        await small.close()
+    assert cut.response_ids == ids[:block_end + 2]  # the same greedy text, cut by the context
+    assert cut.turns[0].finish_reason == "length" and len(cut.response_ids) < cfg.max_response_tokens  # budget left
+    assert answer_blocks(cut.text) and cut.stop_reason == "max_tokens"
+
+    grader = MathGrader(workers=1)
+    try:
+        gold = extract_answer(cut.text)
+        assert (await grader.grade(cut.text, gold)).correct  # the text holds a right answer...
+        run = SimpleNamespace(grader=grader)  # RLRun.reward needs only the grader
+        assert await RLRun.reward(run, cut, gold) == 0.0  # ...but a truncated rollout gets 0
+        assert await RLRun.reward(run, full, gold) == 1.0
+    finally:
+        grader.close()
