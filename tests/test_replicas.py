@@ -9,6 +9,7 @@ from collections import defaultdict
 import pytest
 
 from rstar2_agent.engines.base import Engine, Generation, SamplingParams
+from rstar2_agent.engines.placement import Placement
 from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool
 from rstar2_agent.engines.rollout_sim import SimConfig, longtail, recorded, simulate
 from rstar2_agent.engines.scope import current_trajectory, one_trajectory
@@ -196,7 +197,7 @@ async def test_adaptive_reservation_grows_and_the_kv_held_never_passes_capacity_
                 assert ld.used <= ld.capacity or pool.overflows > seen["overflows"]
                 assert ld.reserved >= ld.used and ld.pending >= 0
                 seen["peak"] = max(seen["peak"], ld.trajectories)
-            for traj, placed in pool._placed.items():
+            for traj, placed in pool.placement.placed.items():
                 reserved[traj].append(placed.reserved)
             seen["overflows"] = pool.overflows
             await asyncio.sleep(0.001)
@@ -218,6 +219,52 @@ async def test_a_replica_where_every_trajectory_waits_to_grow_lets_one_go_as_an_
     await asyncio.gather(*(fake_agent(pool, turns=3, tool_s=0.005) for _ in range(6)))
     assert pool.overflows > 0 and len(replicas_of(pool)) == 6
     assert_released(pool)
+
+
+# ---------------------------------------------------------------- the state machine both drive (placement.py)
+def recording_placement(policy: str, capacities: list[int], **kw) -> tuple[Placement, list]:
+    events: list = []
+    placement = Placement(policy, capacities, on_placed=lambda k, r: events.append(("placed", k, r)),
+                          on_released=lambda k, r: events.append(("go", k, r)), **kw)
+    return placement, events
+
+
+def test_placement_queues_new_trajectories_in_order_and_raises_an_outgrown_fixed_reservation():
+    p, events = recording_placement("kv_aware", [100, 100], reserve=40)  # each reserves 10 + 40
+    assert [p.arrive(k, 10) for k in range(6)] == [0, 1, 0, 1, None, None]
+    assert p.renew(0, 70) and p.placed[0].reserved == 70 and p.loads[0].reserved == 120  # outgrown: raised
+    p.end(1)  # room on replica 1: the first in the queue goes there, the next still waits
+    assert events[-1] == ("placed", 4, 1) and list(p.queue) == [5]
+    for k in (0, 2, 3, 4, 5):
+        p.end(k)
+    assert events == [("placed", k, r) for k, r in enumerate([0, 1, 0, 1])] + [("go", 0, 0), ("placed", 4, 1),
+                                                                               ("placed", 5, 0)]
+    assert not p.placed and not p.queue and all(ld.reserved == ld.trajectories == 0 for ld in p.loads)
+
+
+def test_placement_lets_all_waiting_turns_go_when_every_trajectory_on_a_replica_waits():
+    lengths = LengthModel(budget=500, quantile=0.9, bin=16, min_samples=8)
+    lengths.learn([[40, 40, 40]] * 64)  # ~50 tokens each: three fit in 160, none can grow
+    p, events = recording_placement("kv_aware", [160], lengths=lengths, log_overflows=False)
+    assert [p.arrive(k, 10) for k in range(4)] == [0, 0, 0, None]
+    assert all(p.renew(k, 10) for k in range(3))
+    for k in range(3):
+        p.hold(k, 50)  # a turn generated 40 tokens
+    assert [p.renew(k, 60) for k in range(3)] == [False, False, True]  # the last to wait lets them all go
+    assert events[-3:] == [("go", 0, 0), ("go", 1, 0), ("go", 2, 0)] and p.overflows == p.waits == 3
+    assert p.loads[0].pending == 0 and p.loads[0].used == 180
+    for k in range(4):
+        p.end(k)
+    assert p.loads[0].reserved == p.loads[0].used == p.loads[0].trajectories == 0 and p.loads[0].placed == 4
+
+
+def test_placement_places_a_waiting_trajectory_with_what_it_needs_by_the_lengths_learned_since():
+    lengths = LengthModel(budget=500, quantile=0.9, bin=16, min_samples=8)  # nothing learned: the whole budget
+    p, events = recording_placement("kv_aware", [520], lengths=lengths)
+    assert p.arrive(0, 10) == 0 and p.arrive(1, 10) is None  # each needs 510
+    lengths.learn([[40, 40, 40]] * 64)
+    assert p.renew(0, 10) and p.placed[0].reserved == 50  # it shrank: room for 50, not for 510
+    assert ("placed", 1, 0) in events and p.placed[1].reserved == 50
 
 
 # ---------------------------------------------------------------- the simulator

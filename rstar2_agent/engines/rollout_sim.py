@@ -8,13 +8,17 @@ request is preempted and later recomputed (vLLM's recompute preemption). A decod
 `step_s + per_seq_s * batch + per_kv_token_s * KV tokens in the batch`; prefill (and recompute) costs
 `prefill_s` per token and stalls the replica. Between turns a trajectory waits for its tool calls.
 
-The pool side runs `replicas.pick` (and, for adaptive kv_aware, `replicas.grow` and `replicas.LengthModel`),
-the same code the ReplicaPool runs. `static` is the paper's baseline: every rollout is given to a replica at
-the start, round robin (an equal split; the n rollouts of a prompt spread over replicas, which balances better
-than contiguous chunks), and each replica's engine admits FIFO and preempts and recomputes on overflow, as
-vLLM does. `least_outstanding` and `kv_aware` place a rollout when a replica takes it (at most `max_num_seqs`
-live trajectories per replica). kv_aware reserves prompt + `budget` (strict), prompt + `reserve` (fixed),
-or, with `quantile`, adaptively: renewed at each turn, a turn that cannot grow waits at the pool.
+The pool side is the ReplicaPool's own state machine, `placement.Placement` (placing, the FIFO of new rollouts,
+reservations and their growth, overflows), driven by simulated events where the pool uses asyncio futures: its
+callbacks start a rollout's first turn and send a turn to its replica. One step differs: the pool also tells it
+(`hold`) what a trajectory holds when a generation returns; the simulator only at the next turn, so its length
+model counts a turn's generated and tool tokens as one turn, the pool's as two. `static` is the paper's baseline:
+every rollout is given to a replica at the start, round robin (an equal split; the n rollouts of a prompt spread
+over replicas, which balances better than contiguous chunks), and each replica's engine admits FIFO and preempts
+and recomputes on overflow, as vLLM does. `least_outstanding` and `kv_aware` place a rollout when a replica takes
+it (at most `max_num_seqs` live trajectories per replica). kv_aware reserves prompt + `budget` (strict), prompt +
+`reserve` (fixed), or, with `quantile`, adaptively: renewed at each turn, a turn that cannot grow waits at the
+pool.
 
 Defaults (SimConfig) model Qwen3-14B in bf16 on one MI300X a replica, the paper's setup: 500K KV tokens
 (160 KiB a token, ~80 GB), max_num_seqs 256, a 12,288-token budget; a decode step costs 10 ms + 50 us a
@@ -34,7 +38,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .replicas import POLICIES, LengthModel, Load, grow, pick
+from .placement import LengthModel, Placement
 
 
 @dataclass
@@ -124,107 +128,40 @@ class _Replica:
 
 class _Sim:
     def __init__(self, rollouts: list[Rollout], policy: str, cfg: SimConfig, prior: list[Rollout] | None = None):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.rollouts, self.policy, self.cfg = rollouts, policy, cfg
         self.reps = [_Replica(cfg, i) for i in range(cfg.replicas)]
-        self.loads = [Load(capacity=cfg.kv_tokens) for _ in range(cfg.replicas)]
         self.events: list = []  # (time, tie, kind, a, b)
         self.tie = itertools.count()
         self.seq = itertools.count()
-        self.placed: dict[int, tuple[int, int]] = {}  # traj -> (replica, reserved)
         self.turn = [0] * len(rollouts)
         self.context = [r.prompt for r in rollouts]  # its tokens so far
         self.computed = [0] * len(rollouts)  # of those, how many had their KV computed before
-        self.pool_queue: deque[int] = deque()
-        self.placements = 0
-        self.preemptions = self.recomputed = self.generated = self.overflows = self.waits = 0
-        self.adaptive = policy == "kv_aware" and cfg.quantile is not None and cfg.reserve is None
-        self.lengths = LengthModel(cfg.budget, cfg.quantile) if self.adaptive else None
-        if self.adaptive and prior:  # what the pool learned in the previous step
-            self.lengths.learn([[t + i for t, i in zip(r.turns, [*r.inserted, 0], strict=True)] for r in prior])
-        self.growing: list[deque] = [deque() for _ in range(cfg.replicas)]  # (traj, reservation) waiting to grow
-        self.held: dict[int, int] = {}  # traj -> its context as counted in its replica's Load.used
-        self.end = 0.0
+        self.preemptions = self.recomputed = self.generated = 0
+        lengths = None
+        if policy == "kv_aware" and cfg.quantile is not None and cfg.reserve is None:
+            lengths = LengthModel(cfg.budget, cfg.quantile)
+            if prior:  # what the pool learned in the previous step
+                lengths.learn([[t + i for t, i in zip(r.turns, [*r.inserted, 0], strict=True)] for r in prior])
+        # the pool's own state machine; static gives every rollout out at the start (no cap on live ones)
+        self.pool = Placement(policy, [cfg.kv_tokens] * cfg.replicas, lengths=lengths, reserve=cfg.reserve,
+                              budget=cfg.budget, max_trajectories=None if policy == "static" else cfg.max_num_seqs,
+                              on_placed=self.placed, on_released=self.send, log_overflows=False)
+        self.loads = self.pool.loads
+        self.now = self.end = 0.0
 
     # -- pool side
-    def need(self, traj: int) -> int:
-        if self.adaptive:
-            prompt = self.rollouts[traj].prompt
-            return self.lengths.reservation(prompt, self.context[traj] - prompt)
-        reserve = self.cfg.budget if self.cfg.reserve is None else self.cfg.reserve
-        return self.rollouts[traj].prompt + reserve if self.policy == "kv_aware" else 0
+    def placed(self, traj: int, r: int) -> None:
+        """The trajectory got a replica: its first turn arrives at the pool."""
+        self.submit(traj)
 
-    def place_waiting(self, now: float) -> None:
-        cap = None if self.policy == "static" else self.cfg.max_num_seqs
-        while self.pool_queue:
-            traj = self.pool_queue[0]
-            r = pick(self.policy, self.loads, self.need(traj), self.placements, cap)
-            if r is None:
-                return
-            self.pool_queue.popleft()
-            self.placements += 1
-            reserved = min(self.need(traj), self.cfg.kv_tokens)
-            self.placed[traj] = (r, reserved)
-            self.loads[r].trajectories += 1
-            self.loads[r].reserved += reserved
-            if self.adaptive:
-                self.lengths.update(traj, 0)
-                self.held[traj] = 0
-            self.submit(r, traj, now)
+    def submit(self, traj: int) -> None:
+        """The trajectory's next turn arrives at the pool; the pool sends it (`send`) now or when it may go."""
+        self.pool.renew(traj, self.context[traj])
 
-    def submit(self, r: int, traj: int, now: float) -> None:
-        """The trajectory's next turn arrives at the pool: renew its reservation, then send it (or hold it)."""
-        _, reserved = self.placed[traj]
-        load = self.loads[r]
-        if self.adaptive:
-            prompt, ctx = self.rollouts[traj].prompt, self.context[traj]
-            self.lengths.update(traj, ctx - prompt)
-            load.used += ctx - self.held[traj]
-            self.held[traj] = ctx
-            target = max(self.need(traj), ctx)
-            took = None if self.growing[r] else grow(load, reserved, target, ctx)
-            if took is None:  # it waits until a trajectory on its replica ends
-                self.growing[r].append((traj, target))
-                load.pending += target - reserved
-                self.waits += 1
-                self.unblock(r, now)
-                return
-            load.reserved += took - reserved
-            self.placed[traj] = (r, took)
-            self.send(r, traj, now)
-            if took < reserved:  # it shrank: room for others
-                self.unblock(r, now)
-                self.place_waiting(now)
-            return
-        if self.policy == "kv_aware" and self.context[traj] > reserved:  # it outgrew a fixed reservation
-            load.reserved += self.context[traj] - reserved
-            self.placed[traj] = (r, self.context[traj])
-        self.send(r, traj, now)
-
-    def unblock(self, r: int, now: float) -> None:
-        """Send the turns waiting to grow on replica r that now fit, in order; if every live trajectory there
-        waits, none would ever end to make room, so they all go ahead (overflows: the engine preempts if it must)."""
-        load, queue, stuck = self.loads[r], self.growing[r], False
-        while queue:
-            traj, target = queue[0]
-            reserved = self.placed[traj][1]
-            took = grow(load, reserved, target, self.context[traj])
-            if took is None:
-                if len(queue) < load.trajectories and not stuck:
-                    return
-                took, stuck = target, True
-                self.overflows += 1
-            queue.popleft()
-            load.pending -= target - reserved
-            load.reserved += took - reserved
-            self.placed[traj] = (r, took)
-            self.send(r, traj, now)
-
-    def send(self, r: int, traj: int, now: float) -> None:
+    def send(self, traj: int, r: int) -> None:
         """The trajectory's next turn arrives at its replica's engine."""
         rep = self.reps[r]
-        rep.advance(now)
+        rep.advance(self.now)
         rep.waiting.append(_Req(traj, self.rollouts[traj].turns[self.turn[traj]]))
         self.loads[r].in_flight += 1
         self.plan(rep)
@@ -327,31 +264,24 @@ class _Sim:
             heapq.heappush(self.events, (now + ro.tool_s[k], next(self.tie), "tool", traj, rep.index))
             return
         self.end = max(self.end, now)  # the rollout is done: free its place
-        r, reserved = self.placed.pop(traj)
-        self.loads[r].trajectories -= 1
-        self.loads[r].reserved -= reserved
-        if self.adaptive:
-            self.lengths.finish(traj, self.context[traj] - ro.prompt)
-            self.loads[r].used -= self.held.pop(traj)
-            self.unblock(r, now)
-        self.place_waiting(now)
+        self.pool.end(traj, self.context[traj])
 
     def run(self) -> SimResult:
-        self.pool_queue.extend(range(len(self.rollouts)))
-        self.place_waiting(0.0)
+        for traj, ro in enumerate(self.rollouts):  # all arrive at the start, in order
+            self.pool.arrive(traj, ro.prompt)
         while self.events:
-            now, _, kind, a, b = heapq.heappop(self.events)
+            self.now, _, kind, a, b = heapq.heappop(self.events)
             if kind == "wake":
                 if self.reps[a].version == b:
-                    self.wake(self.reps[a], now)
+                    self.wake(self.reps[a], self.now)
             else:  # a tool call returned: the next turn goes to the same replica
-                self.submit(b, a, now)
-        if self.pool_queue or self.placed:
+                self.submit(a)
+        if self.pool.queue or self.pool.placed:
             raise RuntimeError("the simulation ended with rollouts left: a replica is too small for one rollout")
         span = self.end
         idle = 1 - sum(min(r.busy, span) for r in self.reps) / (span * len(self.reps)) if span else 0.0
         return SimResult(self.policy, self.cfg.replicas, len(self.rollouts), span, idle, self.preemptions,
-                         self.recomputed, self.generated, self.overflows, self.waits)
+                         self.recomputed, self.generated, self.pool.overflows, self.pool.waits)
 
 
 def simulate(rollouts: list[Rollout], policy: str, cfg: SimConfig, prior: list[Rollout] | None = None) -> SimResult:
