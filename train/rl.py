@@ -47,7 +47,8 @@ class Stage:
     steps: int
     max_response_tokens: int = 8192
     max_turns: int = 10
-    data_seed: int = 0  # synthetic problems (rstar2_agent/synthetic.py) from this seed
+    data: str = "synthetic"  # the problem generator: synthetic (rstar2_agent/synthetic.py) or tooltasks (tool_tasks.py)
+    data_seed: int = 0  # the generator's problems from this seed
     data_size: int = 512
     filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
     reset_optimizer: bool = False
@@ -78,7 +79,11 @@ class RLConfig:
     save_every: int = 0  # steps; stage ends always save
     db: str | None = None
     run: str | None = None
-    distributed: str = "none"  # none: one process, the hf engine shares the learner's weights; ray: distributed.py
+    distributed: str = "none"  # none: one process (rollout_engine below); ray: distributed.py
+    # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
+    # continuous batching, the new weights pushed after each update. engine_options: VLLMEngine's (kv_cache_gib...)
+    rollout_engine: str = "hf"
+    engine_options: dict[str, Any] = field(default_factory=dict)
     ray: RayConfig = field(default_factory=RayConfig)
 
     @property
@@ -110,6 +115,8 @@ class RLRun:
     def __init__(self, cfg: RLConfig, resume: bool = False):
         if cfg.distributed not in ("none", "ray"):
             raise ValueError(f"distributed must be none or ray, not {cfg.distributed!r}")
+        if cfg.rollout_engine not in ("hf", "vllm"):
+            raise ValueError(f"rollout_engine must be hf or vllm, not {cfg.rollout_engine!r}")
         if cfg.roc:
             check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
         self.cfg = cfg
@@ -135,7 +142,14 @@ class RLRun:
 
     async def start(self) -> None:
         spec, cfg = self.resolved.spec, self.cfg
-        if isinstance(self.learner, Learner):
+        if isinstance(self.learner, Learner) and cfg.rollout_engine == "vllm":
+            from rstar2_agent.engines.vllm import VLLMEngine
+
+            options = {"kv_cache_gib": 1.0, "max_num_seqs": 64, "seed": cfg.seed, **cfg.engine_options}
+            self.engine = await asyncio.to_thread(VLLMEngine, self.resolved.path, context_length=spec.context_length,
+                                                  **options)
+            self.sandbox = LocalSandbox(SandboxConfig(workers=2))
+        elif isinstance(self.learner, Learner):
             self.engine = HFEngine(self.resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
                                    context_length=spec.context_length)
             self.sandbox = LocalSandbox(SandboxConfig(workers=2))
@@ -146,9 +160,13 @@ class RLRun:
 
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
-        from rstar2_agent.synthetic import problems
+        from rstar2_agent import synthetic, tool_tasks
 
-        all_problems = {p.id: (p.question, p.answer) for p in problems(stage.data_seed, stage.data_size)}
+        generators = {"synthetic": synthetic.problems, "tooltasks": tool_tasks.problems}
+        if stage.data not in generators:
+            raise ValueError(f"stage data must be one of {', '.join(generators)}, not {stage.data!r}")
+        problems = generators[stage.data](stage.data_seed, stage.data_size)
+        all_problems = {p.id: (p.question, p.answer) for p in problems}
         if self.pool_ids is not None:
             return {i: all_problems[i] for i in self.pool_ids if i in all_problems}
         return all_problems
@@ -206,10 +224,13 @@ class RLRun:
         return self.learner.update(items, self.cfg, total, pad)
 
     async def sync_weights(self) -> float:
-        """Push the new weights to the rollout workers; seconds taken (0 in one process: shared weights)."""
-        if isinstance(self.learner, Learner):
-            return 0.0
+        """Push the new weights to the rollout engine; seconds taken (0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
+        if isinstance(self.learner, Learner):
+            if self.cfg.rollout_engine == "hf":
+                return 0.0
+            await self.engine.load_weights(self.learner.full_state_dict())
+            return time.perf_counter() - t0
         await self.engine.load_weights(await asyncio.to_thread(self.learner.weights))
         return time.perf_counter() - t0
 

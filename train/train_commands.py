@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data|rl|report|bench`.
+"""`rstar2 train sft|data|rl|ablation|report|bench`.
 
 Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
@@ -90,6 +90,61 @@ def bench_cmd(recipe, rounds, overrides) -> None:
                f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
     click.echo(f"RL rollout / bare engine throughput (best rounds): {row.ratio:.3f}")
     click.echo("one step: " + ", ".join(f"{k.removeprefix('time_')} {v:.1f} s" for k, v in row.split.items()))
+
+
+@train_group.command("ablation", context_settings={"ignore_unknown_options": True})
+@click.option("--recipe", default="rl-smollm2-tooltasks-cpu", show_default=True,
+              help="The RL recipe both arms share (a YAML file or a name in train/recipes/); its group_size is G.")
+@click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds; each arm runs every seed.")
+@click.option("--out", default="runs/ablation", show_default=True, help="One folder per (arm, seed) under this.")
+@click.option("--with-2g", "with_2g", is_flag=True, help="Also plain GRPO on all 2G rollouts (RoC's sampling).")
+@click.option("--final-steps", type=click.IntRange(1), default=2, show_default=True,
+              help="The final value of a run is the mean of its last K steps.")
+@click.argument("overrides", nargs=-1)
+def ablation_cmd(recipe, seeds, out, with_2g, final_steps, overrides) -> None:
+    """GRPO-RoC (2G sampled, G kept) against GRPO (G sampled, G used) over seeds: curves and a paired test."""
+    import asyncio
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.models import ModelError
+
+    from .ablation import CURVES, plot, run_ablation, summary, table
+    from .rl import RLConfig
+
+    cfg = _recipe(RLConfig, recipe, overrides)
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError as e:
+        raise click.UsageError(f"--seeds takes comma-separated integers, e.g. 0,1,2 ({e})") from e
+    console = Console()
+
+    def on_run(arm: str, seed: int, step: int, total: int, m: dict[str, float]) -> None:
+        console.print(f"{arm} seed {seed}: step {step}/{total} acc {m['accuracy']:.2f} "
+                      f"pos tool errors {m['tool_error_ratio_positive']:.3f} len {m['response_tokens']:.0f}")
+
+    try:
+        histories = asyncio.run(run_ablation(cfg, seed_list, out, with_2g, on_run))
+    except (ModelError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    rows = table(histories, final_steps)
+    grid = Table(title=f"final values (mean of the last {final_steps} steps, mean over seeds {seeds})")
+    for col in ("metric", *histories, "roc / grpo", "roc - grpo", "t", "p (t)", "p (sign flips)"):
+        grid.add_column(col, justify="right")
+    labels = dict(CURVES)
+    for r in rows:
+        grid.add_row(labels[r.metric], *[f"{r.means[a]:.3f}" for a in histories],
+                     f"{r.ratio:.2f}" if r.ratio is not None else "-", f"{r.diff:+.3f}",
+                     f"{r.t:.2f}" if r.t is not None else "-", f"{r.p_t:.3f}" if r.p_t is not None else "-",
+                     f"{r.p_perm:.3f}")
+    console.print(grid)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "summary.json").write_text(json.dumps(summary(rows), indent=1))
+    png = str(Path(out) / "curves.png")
+    plot(histories, png, f"GRPO-RoC vs GRPO ({recipe}, seeds {seeds})")
+    console.print(f"wrote {png} and {Path(out) / 'summary.json'}")
 
 
 @train_group.command("report")
