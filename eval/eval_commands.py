@@ -23,81 +23,154 @@ class _EvalGroup(click.Group):
 @click.group("eval", cls=_EvalGroup)
 def eval_group() -> None:
     """Evaluate a model with the tool: `rstar2 eval aime24` (benchmarks: aime24, aime25, hmmt25, math500,
-    gpqa_diamond, bfcl_v3, synth; a comma list runs several). Results are stored; the same --run name resumes."""
+    gpqa_diamond, bfcl_v3, synth; a comma list runs several), each run as its authors run it unless flags say
+    otherwise. Results are stored; the same command resumes. `rstar2 eval paper`: the paper's table."""
 
 
-@eval_group.command("run")
-@click.argument("benchmarks")
-@click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id; "
-              "with --url: where the tokenizer comes from.")
-@click.option("--engine", type=click.Choice(["auto", "vllm", "hf"]), default="auto", show_default=True,
-              help="auto: vllm on GPU machines, hf on CPU.")
-@click.option("--url", "urls", multiple=True, help="An OpenAI-compatible server to evaluate instead of a local engine; "
-              "several: a replica pool over them.")
-@replica_options
-@click.option("--served-model", default=None, help="The model name on that server (default: its first).")
-@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
-              help="completions: token level (vLLM, SGLang, rstar2 serve); chat: the tool loop runs here over "
-              "/v1/chat/completions with `tools` (hosted APIs).")
-@click.option("--n", type=click.IntRange(1), default=16, show_default=True, help="Samples per problem.")
-@click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=30000, show_default=True,
-              help="Response budget per sample (generated and tool tokens).")
-@click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True)
-@click.option("--no-tools", is_flag=True, help="One turn, no Python tool.")
-@click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
-              help="Default: the model's (registry).")
-@click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per category).")
-@click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, live, "
-              "multi_turn, single_turn), comma-separated.")
-@click.option("--concurrency", type=click.IntRange(1), default=64, show_default=True, help="Samples in flight.")
-@click.option("--retries", type=click.IntRange(0), default=3, show_default=True,
-              help="Retries of a sample whose engine or endpoint failed (with back-off).")
-@click.option("--db", default=None, help="Store: a SQLite file or a SQLAlchemy URL (default $RSTAR2_HOME/rstar2.db).")
-@click.option("--run", "run_name", default=None, help="Run name; the same name resumes (default: model and settings).")
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="Write results.json, samples.jsonl, "
-              "report.html here.")
-@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
-              help="Folder with JSONL mirrors of the hub datasets (default: $RSTAR2_DATA_DIR, else the hub).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--grader-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True)
-@click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
-@click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def run_cmd(benchmarks, model, engine, urls, replicas, replica_policy, served_model, api_key, api, n, temperature,
-            top_p, max_tokens, max_turns, no_tools, format_name, limit, categories, concurrency, retries, db,
-            run_name, out, data_dir, seed, grader_timeout, sandbox_urls, unsafe) -> None:
-    """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25."""
+BY_BENCHMARK = "Default: the benchmark's own"
+
+
+def run_options(f):
+    """The options `rstar2 eval BENCH` and `rstar2 eval paper` share (the engine, sampling, the store)."""
+    for option in reversed(_RUN_OPTIONS):
+        f = option(f)
+    return f
+
+
+_RUN_OPTIONS = [
+    click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face "
+                 "id; with --url: where the tokenizer comes from."),
+    click.option("--engine", type=click.Choice(["auto", "vllm", "hf"]), default="auto", show_default=True,
+                 help="auto: vllm on GPU machines, hf on CPU."),
+    click.option("--url", "urls", multiple=True, help="An OpenAI-compatible server to evaluate instead of a local "
+                 "engine; several: a replica pool over them."),
+    replica_options,
+    click.option("--served-model", default=None, help="The model name on that server (default: its first)."),
+    click.option("--api-key", envvar="RSTAR2_API_KEY", default=None),
+    click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
+                 help="completions: token level (vLLM, SGLang, rstar2 serve); chat: the tool loop runs here over "
+                 "/v1/chat/completions with `tools` (hosted APIs)."),
+    click.option("--n", type=click.IntRange(1), default=None, help=f"Samples per problem. {BY_BENCHMARK} (16; "
+                 "BFCL v3 1)."),
+    click.option("--temperature", type=click.FloatRange(0), default=None, help=f"{BY_BENCHMARK} (0.6; BFCL v3 0)."),
+    click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+                 help=f"{BY_BENCHMARK} (0.95; BFCL v3 1)."),
+    click.option("--max-tokens", type=click.IntRange(1), default=None, help="Response budget per sample (generated "
+                 f"and tool tokens). {BY_BENCHMARK} (30720; BFCL v3 4096)."),
+    click.option("--max-turns", type=click.IntRange(1), default=None, help=f"{BY_BENCHMARK} (30)."),
+    click.option("--no-tools", is_flag=True, help="One turn, no Python tool."),
+    click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
+                 help="Default: the model's (registry)."),
+    click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per "
+                 "category)."),
+    click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, "
+                 "live, multi_turn, single_turn), comma-separated."),
+    click.option("--concurrency", type=click.IntRange(1), default=64, show_default=True, help="Samples in flight."),
+    click.option("--retries", type=click.IntRange(0), default=3, show_default=True,
+                 help="Retries of a sample whose engine or endpoint failed (with back-off)."),
+    click.option("--db", default=None, help="Store: a SQLite file or a SQLAlchemy URL (default "
+                 "$RSTAR2_HOME/rstar2.db)."),
+    click.option("--run", "run_name", default=None, help="Run name; the same name resumes (default: the model and "
+                 "the settings that differ from the benchmark's, so the same command resumes)."),
+    click.option("--out", default=None, type=click.Path(file_okay=False), help="Write results.json, samples.jsonl, "
+                 "report.html here."),
+    click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+                 help="Folder with JSONL mirrors of the hub datasets (default: $RSTAR2_DATA_DIR, else the hub)."),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option("--grader-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True),
+    click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers."),
+    click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap."),
+]
+
+
+def source_and_config(o: dict):
+    """The Source and EvalConfig from the shared options (`o`: click's keyword arguments)."""
+    from .harness import Source
+    from .runner import EvalConfig
+
+    cfg = EvalConfig(n=o["n"], temperature=o["temperature"], top_p=o["top_p"], max_tokens=o["max_tokens"],
+                     max_turns=o["max_turns"], use_tools=not o["no_tools"], seed=o["seed"], api=o["api"],
+                     format=o["format_name"] or "", limit=o["limit"], concurrency=o["concurrency"],
+                     retries=o["retries"])
+    source = Source(model=o["model"], engine=o["engine"], urls=list(o["urls"]), replicas=o["replicas"],
+                    replica_policy=o["replica_policy"], served_model=o["served_model"], api_key=o["api_key"],
+                    sandbox_urls=list(o["sandbox_urls"]), isolation=not o["unsafe"],
+                    grader_timeout=o["grader_timeout"])
+    return source, cfg
+
+
+def run_async(coro):
+    """Run a command's coroutine; the errors users can fix become click errors."""
     import asyncio
 
     from rstar2_agent.engines import EngineError
     from rstar2_agent.models import ModelError
     from rstar2_agent.sandbox import SandboxError
+
+    try:
+        return asyncio.run(coro)
+    except (DataError, StoreError, ModelError, EngineError, SandboxError) as e:
+        raise click.ClickException(str(e)) from e
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted; finished samples are stored, run the same command to resume") from None
+
+
+@eval_group.command("run")
+@click.argument("benchmarks")
+@run_options
+def run_cmd(benchmarks, **o) -> None:
+    """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25, each with its own defaults (n, sampling,
+    budgets: its authors' settings) where no flag is given."""
     from rstar2_agent.store import Store
 
-    from .harness import Source, evaluate
-    from .runner import EvalConfig
+    from .harness import evaluate
 
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     unknown = [b for b in names if b not in known_benchmarks()]
     if unknown:
         raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
                                f"choose from {', '.join(known_benchmarks())}")
-    cfg = EvalConfig(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_turns=max_turns,
-                     use_tools=not no_tools, seed=seed, api=api, format=format_name or "", limit=limit,
-                     concurrency=concurrency, retries=retries)
-    source = Source(model=model, engine=engine, urls=list(urls), replicas=replicas, replica_policy=replica_policy,
-                    served_model=served_model, api_key=api_key,
-                    sandbox_urls=list(sandbox_urls), isolation=not unsafe, grader_timeout=grader_timeout)
-    try:
-        store = Store(db)
-        extra = extra_benchmarks(names, categories)
-        asyncio.run(evaluate(names, source, cfg, store, run_name, data_dir, out, benchmarks=extra))
-    except (DataError, StoreError, ModelError, EngineError, SandboxError) as e:
-        raise click.ClickException(str(e)) from e
-    except KeyboardInterrupt:
-        raise click.ClickException("interrupted; finished samples are stored, run the same command to resume") from None
+    source, cfg = source_and_config(o)
+
+    async def go():
+        store = Store(o["db"])
+        await evaluate(names, source, cfg, store, o["run_name"], o["data_dir"], o["out"],
+                       benchmarks=extra_benchmarks(names, o["categories"]))
+
+    run_async(go())
+
+
+@eval_group.command("paper")
+@run_options
+def paper_cmd(**o) -> None:
+    """The paper's table for rStar2-Agent-14B (AIME24 80.6, AIME25 69.8, HMMT25 52.7, GPQA-Diamond 60.9, BFCL v3
+    60.8): runs (or resumes) each benchmark with its own defaults, as `rstar2 eval BENCH` would (the same runs in the
+    store), then prints ours beside the paper's: pass@1 averaged over each problem's samples in percent (BFCL v3: its
+    weighted overall), a 95% interval over problems (the unit sampled, so 16 samples of 30 problems are 30
+    observations: Wilson's interval when every problem scored 0 or 1, as with one sample each, else Student's t over
+    the per-problem accuracies; BFCL v3: a bootstrap of items within categories) and whether the paper's number is
+    inside it. Defaults: AIME24/AIME25/HMMT25/GPQA-Diamond (and MATH-500) the paper's avg@16 at temperature 0.6,
+    top_p 0.95, 30 turns, 30720 tokens (the release's eval script); BFCL v3 as its leaderboard runs it, one greedy
+    sample, 4096 tokens. A benchmark without data is skipped with the reason. --limit K: a smoke run on the first K
+    problems of each (BFCL: of each category)."""
+    from rstar2_agent.store import Store
+
+    from .paper import paper_table, run_paper
+    from .report import console as wide_console
+
+    source, cfg = source_and_config(o)
+
+    async def go():
+        return await run_paper(source, cfg, Store(o["db"]), o["run_name"], o["data_dir"], o["categories"], o["out"])
+
+    rows = run_async(go())
+    console = wide_console()
+    console.print(paper_table(rows, f"rStar2-Agent paper vs {source.label()}"))
+    for r in rows:
+        if r.skipped:
+            console.print(f"{r.benchmark} skipped: {r.skipped}", soft_wrap=True)
+    if all(r.skipped for r in rows):
+        raise click.ClickException("no benchmark could run: give their data with --data-dir (see above)")
 
 
 def known_benchmarks() -> list[str]:

@@ -1,6 +1,6 @@
 """`rstar2 eval` end to end: load the benchmarks' data (failing before any engine starts), build the engine or
-endpoint client, the sandbox and the grader, run each benchmark as a stored run, print the table, write the
-reports."""
+endpoint client, the sandbox and the grader, run each benchmark as a stored run with its own defaults where the
+flags leave a setting open, print the table, write the reports."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from rstar2_agent.engines.spec import EngineSpec, build
 from rstar2_agent.grading.math import MathGrader
+from rstar2_agent.models import resolve_model
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 from rstar2_agent.store import Store
 
-from .benchmarks import Benchmark, Context, get_benchmark
+from .benchmarks import Benchmark, Context, DataError, RunDefaults, get_benchmark
 from .chat_api import ChatAPIAgent
 from .report import bfcl_table, load, results_table, write_outputs
 from .report import console as wide_console
@@ -42,72 +44,104 @@ class Source(EngineSpec):
         return self.urls[0] if self.urls else None
 
 
-def default_run_name(source: Source, cfg: EvalConfig) -> str:
+def default_run_name(source: Source, cfg: EvalConfig, defaults: RunDefaults | None = None) -> str:
+    """The model and the temperature, then each of top_p, max_tokens and max_turns that differs from the
+    benchmark's `defaults`: the same effective settings give the same name, so the same command resumes, and other
+    settings give another run instead of a clash. `cfg` is resolved for the benchmark."""
     name = Path(source.label()).name if Path(source.label()).exists() else source.label().replace("/", "_")
-    return f"{name}-t{cfg.temperature:g}" + ("" if cfg.use_tools else "-notools") + (
-        "-chat" if cfg.api == "chat" else "")
+    name += f"-t{cfg.temperature:g}"
+    if defaults is not None:
+        name += "".join(f"-{tag}{getattr(cfg, key):g}" for key, tag in (
+            ("top_p", "top_p"), ("max_tokens", "tokens"), ("max_turns", "turns"))
+            if getattr(cfg, key) != getattr(defaults, key))
+    return name + ("" if cfg.use_tools else "-notools") + ("-chat" if cfg.api == "chat" else "")
 
 
 async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, store: Store, run_name: str | None = None,
                    data_dir: str | None = None, out: str | None = None, console: Console | None = None,
-                   benchmarks: dict[str, Benchmark] | None = None) -> str:
-    """Run (or resume) every benchmark; returns the run name. `benchmarks` overrides by name (tests, BFCL)."""
+                   benchmarks: dict[str, Benchmark] | None = None, engine=None,
+                   skipped: dict[str, str] | None = None) -> dict[str, str]:
+    """Run (or resume) every benchmark, each with its own defaults for what `cfg` leaves None; returns each
+    benchmark's run name (`run_name`, else the default name of its effective settings). `benchmarks` overrides by
+    name (tests, BFCL). `engine`: one already started, used instead of building one from `source` and left open.
+    `skipped`: when given, a benchmark whose data cannot be loaded is left out and its reason recorded there,
+    instead of failing the command."""
     console = console or wide_console(stderr=True)
-    run_name = run_name or default_run_name(source, cfg)
     benches = [(benchmarks or {}).get(n) or get_benchmark(n) for n in bench_names]
-    problems = {b.name: b.load(data_dir, cfg.limit) for b in benches}  # missing data fails here, before engines
+    problems = {}
+    for b in benches:  # missing data fails here, before engines
+        try:
+            problems[b.name] = b.load(data_dir, cfg.limit)
+        except DataError as e:
+            if skipped is None:
+                raise
+            skipped[b.name] = str(e)
+    benches = [b for b in benches if b.name in problems]
+    if not benches:
+        return {}
     sandbox = make_sandbox(source.sandbox_urls, config=SandboxConfig(isolation=source.isolation)) \
         if cfg.use_tools else _NoSandbox()
     grader = MathGrader(timeout=source.grader_timeout)
-    engine = chat_agent = None
+    own_engine, chat_agent = engine is None, None
+    names: dict[str, str] = {}
     try:
         if cfg.api == "chat":
             if not source.url:
                 raise click_error("--api chat needs --url (an OpenAI-compatible chat server)")
             chat_agent = ChatAPIAgent(source.url, source.served_model, source.api_key, sandbox)
             fmt = None
+        elif engine is None:
+            engine, fmt = build_engines(source, cfg, benches, console)
+            cfg.format = fmt.protocol.name
         else:
-            engine, fmt = build_engines(source, cfg, console)
+            fmt = replace(source, format=cfg.format or None).chat_format(engine, resolve_model(source.model))
             cfg.format = fmt.protocol.name
         await sandbox.start()
-        agent = make_agent(cfg, engine, fmt, sandbox, chat_agent)
-        ctx = Context(agent=agent, math_grader=grader, seed=cfg.seed, use_tools=cfg.use_tools,
-                      extra={"engine": engine, "fmt": fmt, "sandbox": sandbox, "config": cfg})
         for bench in benches:
-            info = {"n": cfg.n, "limit": cfg.limit, "problems": len(problems[bench.name]), "engine": (
+            bcfg = cfg.resolve(bench.defaults)
+            name = names[bench.name] = run_name or default_run_name(source, bcfg, bench.defaults)
+            ctx = Context(agent=make_agent(bcfg, engine, fmt, sandbox, chat_agent), math_grader=grader,
+                          seed=bcfg.seed, use_tools=bcfg.use_tools,
+                          extra={"engine": engine, "fmt": fmt, "sandbox": sandbox, "config": bcfg})
+            info = {"n": bcfg.n, "limit": bcfg.limit, "problems": len(problems[bench.name]), "engine": (
                 engine.name if engine else "chat-api"), "urls": source.urls, "replicas": source.replicas,
                 "data_dir": data_dir}
-            run = store.open_run(run_name, bench.name, source.label(), cfg.settings(), info)
+            run = store.open_run(name, bench.name, source.label(), bcfg.settings(), info)
+            flags = ", ".join("--" + k.replace("_", "-") for k in cfg.given())
+            console.print(f"[bold]{bench.name}[/bold] (run {escape(name)}): {bcfg.describe()} ("
+                          + (f"benchmark defaults; flags: {flags}" if flags else "benchmark defaults") + ")")
             bar, update = rich_progress(console, bench.name)
             status = "interrupted"
             try:
                 with bar:
-                    await run_benchmark(bench, problems[bench.name], ctx, cfg, store, run.id, update)
+                    await run_benchmark(bench, problems[bench.name], ctx, bcfg, store, run.id, update)
                 status = "finished"
             finally:
                 store.set_status(run.id, status)
     finally:
         grader.close()
         await sandbox.close()
-        if engine is not None:
+        if engine is not None and own_engine:
             await engine.close()
         if chat_agent is not None:
             await chat_agent.close()
-    results = [r for r in load(store, run_name) if r.run.benchmark in bench_names]
-    console.print(results_table(results, f"{run_name} ({source.label()})"))
-    for table in filter(None, map(bfcl_table, results)):
-        console.print(table)
-    if out:
-        for path in write_outputs(store, run_name, out):
-            console.print(f"wrote {path}")
-    return run_name
+    for name in dict.fromkeys(names.values()):
+        results = [r for r in load(store, name) if names.get(r.run.benchmark) == name]
+        console.print(results_table(results, f"{name} ({source.label()})"))
+        for table in filter(None, map(bfcl_table, results)):
+            console.print(table)
+        if out:
+            for path in write_outputs(store, name, out if len(set(names.values())) == 1 else Path(out) / name):
+                console.print(f"wrote {path}")
+    return names
 
 
-def build_engines(source: Source, cfg: EvalConfig, console: Console):
+def build_engines(source: Source, cfg: EvalConfig, benches: list[Benchmark], console: Console):
     """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
-    stays on one replica; see rstar2_agent/engines/replicas.py)."""
+    stays on one replica; see rstar2_agent/engines/replicas.py), planned for the largest response budget."""
+    budget = max(cfg.resolve(b.defaults).max_tokens for b in benches)
     with console.status("") as status:
-        return build(replace(source, max_tokens=cfg.max_tokens, format=cfg.format), status.update)
+        return build(replace(source, max_tokens=budget, format=cfg.format), status.update)
 
 
 def click_error(message: str) -> Exception:

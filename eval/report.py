@@ -14,7 +14,9 @@ from rich.table import Table
 
 from rstar2_agent.store import Run, Sample, Store, StoreError
 
-from .metrics import Graded, summarize
+from .benchmarks import BENCHMARKS
+from .benchmarks.base import MathBenchmark
+from .metrics import Graded, GraderVotes, summarize, vote
 
 
 @dataclass
@@ -26,9 +28,17 @@ class BenchResult:
 
 
 def graded(s: Sample) -> Graded:
-    fmt = (s.details or {}).get("format") or {}
-    return Graded(s.problem_id, s.sample_index, s.correct, s.answer, s.tokens, s.tool_calls, s.tool_errors,
-                  s.stop_reason, bool(fmt.get("first_turn_call")), bool(fmt.get("answer_block")))
+    """The answer votes as the option chosen where the benchmark records it (GPQA: a letter means another option
+    in each sample's order)."""
+    details = s.details or {}
+    fmt = details.get("format") or {}
+    return Graded(s.problem_id, s.sample_index, s.correct, details.get("option", s.answer), s.tokens, s.tool_calls,
+                  s.tool_errors, s.stop_reason, bool(fmt.get("first_turn_call")), bool(fmt.get("answer_block")))
+
+
+def math_answers(benchmark: str) -> bool:
+    """Answers the math grader compares (they vote together for maj@n when it takes them for equal)."""
+    return issubclass(BENCHMARKS.get(benchmark, object), MathBenchmark)
 
 
 def load(store: Store, name: str) -> list[BenchResult]:
@@ -37,13 +47,14 @@ def load(store: Store, name: str) -> list[BenchResult]:
         known = sorted({r.name for r in store.runs()})
         raise StoreError(f"no run named {name!r} in {store.url}; runs there: {', '.join(known) or 'none'}")
     out = []
-    for run in runs:
-        rows = store.samples(run.id)
-        ok = [s for s in rows if s.status == "ok"]
-        summary = summarize(graded(s) for s in ok)
-        if run.benchmark == "bfcl_v3" and ok:
-            summary["bfcl"] = bfcl_scores(ok)
-        out.append(BenchResult(run, ok, len(rows) - len(ok), summary))
+    with GraderVotes() as grader_votes:
+        for run in runs:
+            rows = store.samples(run.id)
+            ok = [s for s in rows if s.status == "ok"]
+            summary = summarize((graded(s) for s in ok), votes=grader_votes if math_answers(run.benchmark) else vote)
+            if run.benchmark == "bfcl_v3" and ok:
+                summary["bfcl"] = bfcl_scores(ok)
+            out.append(BenchResult(run, ok, len(rows) - len(ok), summary))
     return out
 
 

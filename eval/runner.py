@@ -19,19 +19,21 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.store import Store, sample_row
 
-from .benchmarks import Benchmark, Context, Problem
+from .benchmarks import Benchmark, Context, Problem, RunDefaults
 
 log = logging.getLogger(__name__)
+PER_BENCHMARK = ("n", "temperature", "top_p", "max_tokens", "max_turns")  # None: the benchmark's `defaults`
 
 
 @dataclass
 class EvalConfig:
-    """Defaults are the paper's evaluation settings."""
-    n: int = 16  # samples per problem
-    temperature: float = 0.6
-    top_p: float = 1.0
-    max_tokens: int = 30000  # response budget per sample (generated and tool tokens)
-    max_turns: int = 30
+    """One run's settings. The five per-benchmark ones left None take the benchmark's own defaults (its authors'
+    settings, eval/benchmarks/*.py); `resolve` fills them before a benchmark runs."""
+    n: int | None = None  # samples per problem
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None  # response budget per sample (generated and tool tokens)
+    max_turns: int | None = None
     use_tools: bool = True
     seed: int = 0
     api: str = "completions"  # token level through the core's engines; "chat": client-side over chat completions
@@ -42,12 +44,31 @@ class EvalConfig:
     backoff: float = 2.0  # seconds before the first retry; doubles each time
     ignore_eos: bool = False  # benchmarks only: every sample generates max_tokens
 
+    def resolve(self, defaults: RunDefaults) -> EvalConfig:
+        """This config for one benchmark: what it leaves None taken from the benchmark's defaults."""
+        return dataclasses.replace(self, **{k: getattr(defaults, k) for k in PER_BENCHMARK if getattr(self, k) is None})
+
+    def given(self) -> list[str]:
+        """The per-benchmark settings set here (by flags), not left to the benchmark."""
+        return [k for k in PER_BENCHMARK if getattr(self, k) is not None]
+
+    def _check_resolved(self) -> None:
+        if len(self.given()) < len(PER_BENCHMARK):
+            raise ValueError("EvalConfig has settings left to the benchmark; use cfg.resolve(benchmark.defaults)")
+
     def settings(self) -> dict[str, Any]:
         """What the results depend on: a run resumes only with the same settings (n and limit may grow)."""
+        self._check_resolved()
         keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "format")
         return {k: getattr(self, k) for k in keep}
 
+    def describe(self) -> str:
+        """The effective per-benchmark settings, for a run's header."""
+        return (f"n {self.n}, temperature {self.temperature:g}, top_p {self.top_p:g}, max_tokens {self.max_tokens}, "
+                f"max_turns {self.max_turns}" + ("" if self.use_tools else ", no tools"))
+
     def agent_config(self) -> AgentConfig:
+        self._check_resolved()
         return AgentConfig(max_turns=self.max_turns if self.use_tools else 1, max_response_tokens=self.max_tokens,
                            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
                                                    max_tokens=self.max_tokens, ignore_eos=self.ignore_eos))

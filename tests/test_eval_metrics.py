@@ -1,13 +1,16 @@
-"""Eval scores and graders: pass@k against the closed form, the summary on hand-built samples, multiple-choice
-letter extraction, and the math grader on the equivalent forms benchmarks use."""
+"""Eval scores and graders: pass@k against the closed form, the summary on hand-built samples, maj@n voting by
+the grader's equivalence, multiple-choice letter extraction, and the math grader on the equivalent forms
+benchmarks use."""
 
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
-from rstar2_agent.eval.metrics import Graded, normalize_answer, pass_at_k, summarize
+from rstar2_agent.eval.metrics import Graded, GraderVotes, grader_vote, normalize_answer, pass_at_k, summarize, vote
+from rstar2_agent.eval.report import graded
 from rstar2_agent.grading.choice import grade_choice, letter_of
 from rstar2_agent.grading.math import MathGrader
 
@@ -51,6 +54,62 @@ def test_normalized_answers_vote_together():
     assert normalize_answer("073") == normalize_answer("73") == "73"
     assert normalize_answer("\\dfrac{1}{2}") == normalize_answer("\\frac{1}{2} ")
     assert normalize_answer(None) is None
+
+
+def _answers(*pairs) -> list[Graded]:
+    return [Graded("p", i, correct, answer) for i, (answer, correct) in enumerate(pairs)]
+
+
+def test_maj_votes_answers_the_grader_takes_for_equal():
+    samples = _answers(("0.5", True), ("\\frac{1}{2}", True), ("1/2", True), ("3", False))
+    with GraderVotes() as votes:  # as reports run it: the grader in a worker process
+        s = summarize(samples, votes=votes)
+    (p,) = s["per_problem"]
+    assert s["maj"] == 1.0 and p["majority_correct"] and p["majority_votes"] == 3 and p["answer_groups"] == 2
+    (p,) = summarize(samples)["per_problem"]  # by text alone the four split
+    assert p["majority_votes"] == 1 and p["answer_groups"] == 4
+
+
+def test_grader_votes_change_the_majority():
+    # "3" leads by text (2 votes against 1 each); by the grader 1/2 has 3
+    samples = _answers(("3", False), ("\\dfrac12", True), ("3", False), ("0.5", True), ("1/2", True))
+    assert summarize(samples)["maj"] == 0.0
+    s = summarize(samples, votes=grader_vote)
+    assert s["maj"] == 1.0 and s["per_problem"][0]["majority_answer"] == "\\frac12"
+
+
+def test_vote_compares_each_answer_with_group_representatives_only():
+    calls = []
+
+    def same(a, b):
+        calls.append((a, b))
+        return a.lower() == b.lower()
+
+    groups = vote(["a", "b", "A", None, "b", "c", "a"], same)
+    assert groups == [[0, 6, 2], [1, 4], [5]]  # equal text first ("a" twice, "b" twice), then "A" joins "a"
+    assert calls == [("a", "b"), ("a", "A"), ("a", "c"), ("b", "c")]  # one call per (distinct answer, group)
+    assert vote([None, None], same) == [] and vote(["1", "2", "1"]) == [[0, 2], [1]]
+
+
+def test_a_stuck_comparison_votes_by_text_and_the_next_problem_still_groups():
+    start = time.monotonic()
+    with GraderVotes(timeout=3) as votes:
+        assert votes(["9^{9^{9^{9}}}", "3", "3"]) == [[1, 2], [0]]  # the worker is killed, the text vote stands
+        assert votes(["0.5", "1/2"]) == [[0, 1]]  # a fresh worker
+        assert votes(["7", "7"]) == [[0, 1]]  # all equal text: no worker needed
+    assert time.monotonic() - start < 60
+
+
+def test_gpqa_votes_by_the_option_not_the_letter():
+    from rstar2_agent.store import Sample
+
+    def s(i, letter, option, correct):
+        return graded(Sample(problem_id="q", sample_index=i, correct=correct, answer=letter, stop_reason="answer",
+                             tokens=1, tool_calls=0, tool_errors=0, details={"option": option}))
+
+    # the same option under two letters (the options are shuffled per sample) against one other option
+    (p,) = summarize([s(0, "A", "Argon", True), s(1, "C", "Argon", True), s(2, "A", "Neon", False)])["per_problem"]
+    assert p["majority_answer"] == "Argon" and p["majority_votes"] == 2 and p["majority_correct"]
 
 
 @pytest.mark.parametrize("text, letter", [

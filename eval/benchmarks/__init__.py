@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from .aime24 import AIME24
 from .aime25 import AIME25
-from .base import Benchmark, Context, DataError, Outcome, Problem
+from .base import PAPER, Benchmark, Context, DataError, Outcome, Problem, RunDefaults
 from .gpqa_diamond import GPQADiamond
 from .hmmt25 import HMMT25
 from .math500 import MATH500
 from .synthetic import Synthetic
 
-__all__ = ["BENCHMARKS", "Benchmark", "Context", "DataError", "Outcome", "Problem", "get_benchmark"]
+__all__ = ["BENCHMARKS", "PAPER", "Benchmark", "Context", "DataError", "Outcome", "Problem", "RunDefaults",
+           "get_benchmark"]
 
 BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond,
                                                                     Synthetic)}

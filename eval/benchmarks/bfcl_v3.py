@@ -21,7 +21,7 @@ from typing import Any
 
 from rstar2_agent.trajectory import Trajectory, Turn
 
-from .base import Benchmark, Context, DataError, Outcome, Problem, sample_seed
+from .base import Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
 
 try:
     from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
@@ -165,6 +165,12 @@ async def _not_executed(name: str, arguments: dict[str, Any]) -> str:
 class BFCLv3(Benchmark):
     name = "bfcl_v3"
     file = "BFCL_v3_simple.json"
+    # As the leaderboard runs it (bfcl_eval 2025.6.8, _llm_response_generation.py and base_oss_handler.py): one
+    # greedy sample per item (its --temperature default 0.001, i.e. greedy; we use 0), no nucleus cut, and at most
+    # min(4096, context left) tokens a generation. Our budget is per agent call, so for a multi-turn item it bounds
+    # all the steps of one user turn together, where BFCL caps each step. max_turns is not used: single-turn items
+    # get one assistant turn, multi-turn ones BFCL's 20 steps (+1) per user turn.
+    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=4096, max_turns=30)
 
     def __init__(self, categories: str | list[str] | tuple[str, ...] | None = None):
         self.categories = expand_categories(categories) if bfcl is not None else ()

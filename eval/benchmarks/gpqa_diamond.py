@@ -1,7 +1,8 @@
 """GPQA-Diamond: 198 graduate-level multiple-choice questions (biology, chemistry, physics).
 
 The four options are shuffled by a per-sample seed, so n samples see n orders and a model's letter bias
-averages out; the model answers with the letter. The data is gated: never print or publish it.
+averages out; the model answers with the letter. A letter means another option in each sample, so maj@n votes
+by the option chosen (details["option"]), not by the letter. The data is gated: never print or publish it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import random
 
 from rstar2_agent.grading.choice import LETTERS, grade_choice
 
-from .base import Benchmark, Context, Outcome, Problem, sample_seed
+from .base import PAPER, Benchmark, Context, Outcome, Problem, sample_seed
 
 TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter of the correct option, for example \\boxed{{A}}."
 
@@ -20,6 +21,7 @@ class GPQADiamond(Benchmark):
     hub_id, hub_config, split, file = "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa_diamond.jsonl"
     columns = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
                "Incorrect Answer 3")
+    defaults = PAPER  # the paper runs GPQA-Diamond like its math: avg@16, T 0.6, top_p 0.95, 30 turns, 30720 tokens
 
     def problem(self, row, index):
         wrong = [str(row[f"Incorrect Answer {i}"]).strip() for i in (1, 2, 3)]
@@ -35,6 +37,13 @@ class GPQADiamond(Benchmark):
         opts = self.options(problem, sample_index, seed)
         listed = "\n".join(f"{letter}) {text}" for letter, text in zip(LETTERS, opts, strict=True))
         return TEMPLATE.format(question=problem.question, options=listed), LETTERS[opts.index(problem.gold)]
+
+    async def run(self, problem, sample_index, ctx: Context) -> Outcome:
+        outcome = await super().run(problem, sample_index, ctx)
+        if outcome.predicted is not None:
+            opts = self.options(problem, sample_index, ctx.seed)
+            outcome.details["option"] = opts[LETTERS.index(outcome.predicted)]
+        return outcome
 
     async def grade(self, traj, gold, ctx: Context) -> Outcome:
         predicted = grade_choice(traj.text)

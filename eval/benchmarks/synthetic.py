@@ -4,7 +4,7 @@ turn and the answer in <answer>\\boxed{}</answer> (see the format shares in the 
 
 from __future__ import annotations
 
-from .base import MathBenchmark, Problem
+from .base import PAPER, MathBenchmark, Problem
 
 HELD_OUT_SEED = 1_000_003  # training recipes use small seeds
 
@@ -12,6 +12,7 @@ HELD_OUT_SEED = 1_000_003  # training recipes use small seeds
 class Synthetic(MathBenchmark):
     name = "synth"
     count = 200
+    defaults = PAPER  # ours, not an author's: the paper's math settings
 
     def load(self, data_dir=None, limit=None):
         from rstar2_agent.synthetic import problems

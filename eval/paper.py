@@ -1,0 +1,182 @@
+"""`rstar2 eval paper`: the rStar2-Agent-14B numbers of the paper (arXiv 2508.20722), run again with each benchmark's
+own defaults (eval/benchmarks/*.py) and set beside the paper's, each with a 95% interval over problems.
+
+The interval is over problems, the unit that was sampled: the k samples of one problem are not independent draws
+of the benchmark, so 16 samples x 30 problems are 30 observations, not 480. For the mean of the per-problem
+accuracies (pass@1 averaged over the samples): Wilson's score interval when every problem's mean is 0 or 1
+(always so with one sample a problem), else Student's t over the per-problem means. BFCL v3's score is its
+weighted overall (categories weighted as BFCL does), so its interval is a percentile bootstrap that resamples
+items within each category.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from rstar2_agent.store import Sample, Store
+
+from .report import BenchResult, bfcl_category, load
+from .runner import EvalConfig
+
+# rStar2-Agent-14B in the paper: AIME24, AIME25, HMMT25 from its main math table (avg@16 pass@1), GPQA-Diamond and
+# BFCL v3 from its generalization table. In the order the table prints them.
+PAPER_SCORES = {"aime24": 80.6, "aime25": 69.8, "hmmt25": 52.7, "gpqa_diamond": 60.9, "bfcl_v3": 60.8}
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: float
+    hi: float
+    method: str  # wilson, t, bootstrap
+
+    def __contains__(self, x: float) -> bool:
+        return self.lo <= x <= self.hi
+
+
+@dataclass
+class PaperRow:
+    benchmark: str
+    paper: float  # percent
+    score: float | None = None  # percent; None when skipped or nothing is stored
+    interval: Interval | None = None  # percent
+    problems: int = 0
+    n: int = 0  # samples per problem (the fewest)
+    run: str | None = None
+    skipped: str | None = None  # why it did not run
+    note: str = ""
+
+    @property
+    def inside(self) -> bool | None:
+        return None if self.interval is None else self.paper in self.interval
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion."""
+    if trials <= 0:
+        raise ValueError("Wilson's interval needs at least one trial")
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile for p > 0.5: bisection on its CDF, integrated numerically (no scipy here)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float) -> float:
+        x = np.linspace(0.0, t, 4001)
+        return 0.5 + float(np.trapezoid(c * (1 + x * x / df) ** (-(df + 1) / 2), x))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def problem_interval(per_problem: Sequence[float]) -> Interval | None:
+    """The 95% interval of the mean over problems of their accuracies; None for one problem with a fractional
+    accuracy (no spread over problems to measure)."""
+    values = np.asarray(per_problem, dtype=float)
+    if values.size == 0:
+        return None
+    if np.all((values == 0) | (values == 1)):
+        return Interval(*wilson(int(values.sum()), int(values.size)), "wilson")
+    if values.size < 2:
+        return None
+    half = t_quantile(0.975, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
+    mean = float(values.mean())
+    return Interval(max(0.0, mean - half), min(1.0, mean + half), "t")
+
+
+def bfcl_interval(samples: Sequence[Sample], reps: int = 2000, seed: int = 0) -> Interval | None:
+    """A percentile bootstrap of BFCL v3's overall: items resampled within each category, weighted as BFCL does.
+    None when a category has fewer than 2 items (its spread cannot be measured)."""
+    from rstar2_agent.grading.bfcl import category_weights
+
+    per_item: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        per_item[bfcl_category(s.problem_id)][s.problem_id].append(s.correct)
+    if not per_item or min(len(items) for items in per_item.values()) < 2:
+        return None
+    weights = category_weights({c: len(items) for c, items in per_item.items()})
+    rng = np.random.default_rng(seed)
+    total = np.zeros(reps)
+    for category, items in per_item.items():
+        acc = np.array([np.mean(v) for v in items.values()])
+        total += weights[category] * acc[rng.integers(0, acc.size, (reps, acc.size))].mean(axis=1)
+    return Interval(float(np.percentile(total, 2.5)), float(np.percentile(total, 97.5)), "bootstrap")
+
+
+def paper_row(benchmark: str, result: BenchResult | None, run: str | None = None) -> PaperRow:
+    """Our score, its interval and the paper's number for one benchmark's stored run (in percent)."""
+    row = PaperRow(benchmark, PAPER_SCORES[benchmark], run=run)
+    if result is None or not result.summary.get("samples"):
+        row.note = "nothing stored yet"
+        return row
+    s = result.summary
+    row.problems, row.n = s["problems"], s["n_min"]
+    if benchmark == "bfcl_v3":
+        score, interval = s["bfcl"]["overall"], bfcl_interval(result.samples)
+        notes = [] if s["bfcl"]["complete"] else ["not all 17 categories: those not run count 0"]
+        row.note = "; ".join(notes + ([] if interval else ["a category with 1 item: no interval"]))
+    else:
+        score, interval = s["avg"], problem_interval([p["accuracy"] for p in s["per_problem"]])
+        if interval is None:
+            row.note = "one problem: no interval over problems"
+    row.score = 100 * score
+    if interval is not None:
+        row.interval = Interval(100 * interval.lo, 100 * interval.hi, interval.method)
+    return row
+
+
+def paper_table(rows: Sequence[PaperRow], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("benchmark", "problems x n", "ours %", "95% CI", "paper %", "paper in CI", "note"):
+        table.add_column(col, justify="left" if col in ("benchmark", "note") else "right")
+    for r in rows:
+        if r.skipped is not None:
+            gist = re.split(r"[:;.] ", r.skipped)[0]  # the whole reason follows the table
+            table.add_row(r.benchmark, "", "", "", f"{r.paper:.1f}", "", f"skipped: {gist}")
+            continue
+        ci = "" if r.interval is None else f"{r.interval.lo:.1f}-{r.interval.hi:.1f} ({r.interval.method})"
+        inside = {True: "yes", False: "no", None: ""}[r.inside]
+        table.add_row(r.benchmark, f"{r.problems} x {r.n}" if r.problems else "",
+                      "" if r.score is None else f"{r.score:.1f}", ci, f"{r.paper:.1f}", inside, r.note)
+    table.caption = ("ours: pass@1 averaged over each problem's samples (BFCL v3: its weighted overall). 95% CI over "
+                     "problems: wilson when every problem scored 0 or 1, t over per-problem accuracies otherwise, "
+                     "bootstrap within BFCL categories")
+    return table
+
+
+async def run_paper(source, cfg: EvalConfig, store: Store, run_name: str | None = None, data_dir: str | None = None,
+                    categories: str = "all", out: str | None = None, console: Console | None = None,
+                    engine=None) -> list[PaperRow]:
+    """Run (or resume) the paper's benchmarks, each with its own defaults where `cfg` leaves a setting None; a
+    benchmark without data is skipped with the reason. Returns the rows, in PAPER_SCORES order."""
+    from .eval_commands import extra_benchmarks
+    from .harness import evaluate
+
+    skipped: dict[str, str] = {}
+    runs = await evaluate(list(PAPER_SCORES), source, cfg, store, run_name, data_dir, out, console,
+                          benchmarks=extra_benchmarks(list(PAPER_SCORES), categories), engine=engine, skipped=skipped)
+    rows = []
+    for bench in PAPER_SCORES:
+        if bench in skipped:
+            rows.append(PaperRow(bench, PAPER_SCORES[bench], skipped=skipped[bench]))
+            continue
+        result = next((r for r in load(store, runs[bench]) if r.run.benchmark == bench), None)
+        rows.append(paper_row(bench, result, runs[bench]))
+    return rows
