@@ -21,6 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from rstar2_agent.stats import t_quantile, wilson
 from rstar2_agent.store import Sample, Store
 
 from .report import BenchResult, bfcl_category, load
@@ -29,7 +30,6 @@ from .runner import EvalConfig
 # rStar2-Agent-14B in the paper: AIME24, AIME25, HMMT25 from its main math table (avg@16 pass@1), GPQA-Diamond and
 # BFCL v3 from its generalization table. In the order the table prints them.
 PAPER_SCORES = {"aime24": 80.6, "aime25": 69.8, "hmmt25": 52.7, "gpqa_diamond": 60.9, "bfcl_v3": 60.8}
-Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -57,33 +57,6 @@ class PaperRow:
     @property
     def inside(self) -> bool | None:
         return None if self.interval is None else self.paper in self.interval
-
-
-def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a proportion."""
-    if trials <= 0:
-        raise ValueError("Wilson's interval needs at least one trial")
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile for p > 0.5: bisection on its CDF, integrated numerically (no scipy here)."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def cdf(t: float) -> float:
-        x = np.linspace(0.0, t, 4001)
-        return 0.5 + float(np.trapezoid(c * (1 + x * x / df) ** (-(df + 1) / 2), x))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
 
 
 def problem_interval(per_problem: Sequence[float]) -> Interval | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_agent.train.ablation import arms, paired_t, sign_flip_p, student_t_cdf, table
+from rstar2_agent.stats import student_t_cdf
+from rstar2_agent.train.ablation import arms, paired_t, sign_flip_p, table
 from rstar2_agent.train.rl import RLConfig
 
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))

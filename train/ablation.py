@@ -27,6 +27,8 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from rstar2_agent.stats import student_t_cdf
+
 from .rl import RLConfig, run_rl
 
 CURVES = (("tool_error_ratio_positive", "tool error ratio among positive rollouts"),
@@ -104,24 +106,6 @@ def paired_t(diffs: list[float]) -> tuple[float | None, float | None]:
         return (None, None) if statistics.fmean(diffs) == 0 else (math.copysign(math.inf, diffs[0]), 0.0)
     t = statistics.fmean(diffs) / (sd / math.sqrt(n))
     return t, 2 * (1 - student_t_cdf(abs(t), n - 1))
-
-
-def student_t_cdf(x: float, df: int, steps: int = 4000) -> float:
-    """P(T <= x) for x >= 0, by Simpson's rule on the density (no scipy in the dependencies)."""
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def pdf(u: float) -> float:
-        return c * (1 + u * u / df) ** (-(df + 1) / 2)
-
-    # integrate over v = atan(u) on [0, atan(x)] (du = sec^2 v dv), which keeps the tail finite
-    top = math.atan(x)
-    h = top / steps
-    total = 0.0
-    for i in range(steps + 1):
-        v = i * h
-        w = 1 if i in (0, steps) else (4 if i % 2 else 2)
-        total += w * pdf(math.tan(v)) / math.cos(v) ** 2
-    return 0.5 + total * h / 3
 
 
 def sign_flip_p(diffs: list[float]) -> float:
