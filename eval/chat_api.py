@@ -79,8 +79,7 @@ class ChatAPIAgent:
             traj.turns.append(turn)
             calls = cap_calls([_call(c, tools) for c in msg.tool_calls or []],
                               cfg.max_calls_per_turn or HermesProtocol.max_calls_per_turn)
-            traj.stop_reason = stop_after_turn(turn.text, bool(calls), choice.finish_reason == "length",
-                                               used >= cfg.max_response_tokens)
+            traj.stop_reason = stop_after_turn(turn.text, bool(calls), choice.finish_reason == "length")
             if traj.stop_reason:
                 break
             t0 = time.monotonic()

@@ -121,13 +121,12 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     return traj
 
 
-def stop_after_turn(text: str, has_calls: bool, cut_off: bool, budget_spent: bool = False) -> str:
+def stop_after_turn(text: str, has_calls: bool, cut_off: bool) -> str:
     """Why the loop ends after a turn, or "" to run its calls and go on (the rule of every loop: the token-level
     one here and eval's chat-API one). A turn cut off by a length limit (the response budget, the engine's context,
     a per-turn cap) ends the loop as `max_tokens` whatever it holds: the rollout is truncated (RL rewards it 0, as
     the paper does overlong rollouts). Otherwise a turn without a call ends it as `answer` when it wrote an
-    <answer> block, else `no_tool_call`. `budget_spent` changes nothing (a cut-off turn is truncated either way);
-    it stays until eval/chat_api.py stops passing it."""
+    <answer> block, else `no_tool_call`."""
     if cut_off:
         return "max_tokens"
     if not has_calls:

@@ -27,7 +27,6 @@ SHOTS = [{"role": "user", "content": "What is 1+1?"},
 def test_any_length_cut_is_max_tokens():
     block = "<answer>\\boxed{4}</answer> Because"
     assert stop_after_turn(block, has_calls=False, cut_off=True) == "max_tokens"  # budget left: the context cut it
-    assert stop_after_turn(block, False, True, True) == "max_tokens"  # eval/chat_api.py's four arguments still work
     assert stop_after_turn(block, has_calls=False, cut_off=False) == "answer"
     assert stop_after_turn("thinking", has_calls=False, cut_off=False) == "no_tool_call"
     assert stop_after_turn("<tool_call>...", has_calls=True, cut_off=False) == ""
