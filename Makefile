@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 # CPU builds on machines without a GPU; `make install EXTRAS=gpu` on CUDA machines.
 EXTRAS ?= cpu
 
-.PHONY: install system-deps test test-fast lint bench train clean
+.PHONY: install system-deps test test-fast lint bench train ablation clean
 
 install: system-deps $(VENV)/.installed
 
@@ -51,6 +51,12 @@ train: install
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 24 --n 1 \
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
+
+# GRPO-RoC against GRPO at the same rollout budget on the tool-error task family, over three seeds:
+# runs/ablation/curves.png and the table (runs/ablation/summary.json).
+ablation: install
+	test -e runs/sft-smollm2-tooltasks-cpu/last || $(VENV)/bin/rstar2 train sft --recipe sft-smollm2-tooltasks-cpu
+	$(VENV)/bin/rstar2 train ablation --recipe rl-smollm2-tooltasks-cpu --seeds 0,1,2 --out runs/ablation
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

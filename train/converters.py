@@ -4,7 +4,9 @@
 - `path.jsonl`: OpenAI chat records already;
 - `FORMAT:path.jsonl`: a local file in one of the formats below;
 - `hub:ORG/NAME[:split]`: a hub dataset through `datasets`, converted by its id;
-- `synthetic:N[:SEED]`: N generated tool-use conversations (rstar2_agent/synthetic.py).
+- `synthetic:N[:SEED]`: N generated tool-use conversations (rstar2_agent/synthetic.py);
+- `tooltasks:N[:SEED[:ERROR_SHARE]]`: N conversations on tool tasks whose data the program reads from stdin
+  (rstar2_agent/tool_tasks.py), ERROR_SHARE of them (default 0.5) a buggy call, its real error, then the fix.
 
 Formats: `sharegpt` (from human/gpt/function_call/observation, with a `tools` JSON string: APIGen-MT,
 LLaMA-Factory's glaive_toolcall_en), `glaive_v2` (glaive-function-calling-v2's raw `system` and `chat`
@@ -169,6 +171,13 @@ def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None
 
         _, n, *seed = source.split(":")
         return conversations(int(seed[0]) if seed else 0, int(n))
+    if source.startswith("tooltasks:"):
+        from rstar2_agent import tool_tasks
+
+        _, n, *rest = source.split(":")
+        seed = int(rest[0]) if rest else 0
+        share = float(rest[1]) if len(rest) > 1 else tool_tasks.DEFAULT_ERROR_SHARE
+        return tool_tasks.conversations(seed, int(n), share)
     if source.startswith("hub:"):
         hub_id, _, split = source[4:].partition(":")
         if hub_id not in HUB:
