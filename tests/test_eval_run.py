@@ -216,6 +216,7 @@ def _stored(db: Path, run: str) -> list[tuple]:
             "WHERE r.name = ? ORDER BY s.problem_id, s.sample_index", (run,)).fetchall()
 
 
+@pytest.mark.timeout(600)  # three CLI runs, each starting the engine and the grader's voting process
 def test_a_run_killed_with_sigkill_resumes_to_the_same_results(tmp_path):
     db = tmp_path / "eval.db"
     args = [RSTAR2, "eval", "aime24", "--data-dir", str(FIXTURE), "--n", "2", "--temperature", "0", "--max-tokens",
