@@ -59,3 +59,56 @@ async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
     await vllm_engine.load_weights(weights)
     restored = await vllm_engine.generate(ids, greedy)
     assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
+
+
+async def test_vllm_seeded_requests_survive_a_prefill_split_across_steps(vllm_engine):
+    """Regression: on vLLM's CPU build a seeded request whose prefill is split over two engine steps crashed the
+    engine ("CPU Generator does not use offset"). RL rollouts are seeded and arrive together, so with a step
+    budget of 2048 tokens some prefills split. The prompts differ from their first token (no shared prefix)."""
+    base = prompt(vllm_engine.tokenizer)
+    prompts = [[1000 + k] + base * 30 for k in range(4)]
+    assert all(len(p) < CONTEXT - 8 for p in prompts) and sum(map(len, prompts)) > 2 * 2048
+    gens = await asyncio.gather(*(vllm_engine.generate(p, SamplingParams(temperature=1.0, max_tokens=8, seed=s))
+                                  for s, p in enumerate(prompts)))
+    assert all(0 < len(g.token_ids) <= 8 for g in gens)
+    again = await vllm_engine.generate(prompts[3], SamplingParams(temperature=1.0, max_tokens=8, seed=3))
+    assert again.token_ids == gens[3].token_ids
+
+
+async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vllm_engine):
+    """`rollout_engine: vllm` in one process: after RLRun.sync_weights the engine samples from the learner's
+    current policy (its logprobs match the learner's on the sampled ids), where before it sampled the stale one."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rstar2_agent.train.learner import Learner, OptimConfig
+    from rstar2_agent.train.loss import token_logprobs
+    from rstar2_agent.train.rl import RLRun
+
+    learner = Learner(vllm_engine.model_path, OptimConfig(), total_steps=1, dtype="fp32")
+    ids = prompt(vllm_engine.tokenizer)
+    sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=5)
+
+    async def gap() -> float:
+        """Mean |engine logprob - learner logprob| over the engine's sampled tokens."""
+        gen = await vllm_engine.generate(ids, sampling)
+        with torch.no_grad():
+            logits = learner.logits({"input_ids": torch.tensor([ids + gen.token_ids])})[0, len(ids) - 1:-1]
+        mine = token_logprobs(logits, torch.tensor(gen.token_ids), 1.0)
+        return float((mine - torch.tensor(gen.logprobs)).abs().mean())
+
+    same = await gap()
+    with torch.no_grad():  # a policy update, as far as the engine can tell
+        for name, p in learner.model.named_parameters():
+            if "down_proj" in name:
+                p.mul_(1.1)
+    stale = await gap()
+    run = SimpleNamespace(learner=learner, cfg=SimpleNamespace(rollout_engine="vllm"), engine=vllm_engine)
+    try:
+        assert await RLRun.sync_weights(run) > 0
+        fresh = await gap()
+    finally:
+        await vllm_engine.load_weights(load_file(f"{vllm_engine.model_path}/model.safetensors"))
+    assert same < 0.1 and fresh < 0.1 and stale > 5 * max(fresh, 0.02), (same, stale, fresh)

@@ -23,7 +23,7 @@ from typing import Any
 
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat, answer_blocks, well_formed_answer
-from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.models import resolve_model
@@ -184,6 +184,11 @@ class RLRun:
         trajs = await asyncio.gather(*(self.rollout(question, stage, f"{self.cfg.seed}:{step}:{pid}:{k}")
                                        for pid, question, _ in prompts for k in range(n)))
         t1 = time.perf_counter()
+        failed = [t for t in trajs if t.stop_reason == "engine_error"]
+        if failed and len(failed) == len(trajs):  # a dead engine: stop before an update on nothing is saved
+            raise EngineError(f"all {len(trajs)} rollouts of step {step} failed in the rollout engine "
+                              f"({failed[0].error}); nothing was updated or saved: fix the engine and rerun "
+                              "with --resume")
         golds = [gold for _, _, gold in prompts for _ in range(n)]
         rewards = await asyncio.gather(*(self.reward(t, gold) for t, gold in zip(trajs, golds, strict=True)))
         self.times = {"time_rollout": t1 - t0, "time_grading": time.perf_counter() - t1}
@@ -267,6 +272,7 @@ class RLRun:
             "tool_calls": sum(len(t.tool_calls) for t, _ in flat) / len(flat),
             "tool_error_ratio_positive": _tool_error_ratio(positives),
             "tool_error_ratio_kept_positive": _tool_error_ratio(kept_pos),
+            "engine_errors": sum(t.stop_reason == "engine_error" for t, _ in flat),
             "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
             **self.times, "time_update": t_update, "time_weight_sync": t_sync,
             "rollout_tokens_per_s": gen_tokens / self.times["time_rollout"],

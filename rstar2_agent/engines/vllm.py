@@ -45,6 +45,10 @@ class VLLMEngine(Engine):
             args["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+            # vLLM's CPU build cannot rewind a seeded request's torch generator ("CPU Generator does not use
+            # offset"), which it does when a prefill is split over two steps: every prefill in one step here.
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(context_length, 2048)
         try:
             self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         except Exception as e:  # noqa: BLE001
@@ -96,7 +100,14 @@ class VLLMEngine(Engine):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         from safetensors.torch import save
 
-        blob = save({k: v.detach().contiguous().cpu() for k, v in state_dict.items()})
+        seen: set[int] = set()
+        tensors = {}
+        for k, v in state_dict.items():  # tied weights (embed_tokens and lm_head) share storage: copy the second
+            v = v.detach().contiguous().cpu()
+            ptr = v.untyped_storage().data_ptr()
+            tensors[k] = v.clone() if ptr in seen else v
+            seen.add(ptr)
+        blob = save(tensors)
         await self.engine.pause_generation(mode="wait")
         try:
             await self.engine.collective_rpc("load_safetensors_bytes", args=(blob,))
