@@ -49,7 +49,7 @@ async def run_ablation(cfg: RLConfig, seeds: list[int], out: str, with_2g: bool 
                        ) -> dict[str, dict[int, list[dict[str, float]]]]:
     """Every (arm, seed) run's per-step metrics: {arm: {seed: [metrics of step 1, ...]}}."""
     histories: dict[str, dict[int, list[dict[str, float]]]] = {}
-    for (arm, arm_cfg), seed in product(arms(cfg, with_2g).items(), seeds):
+    for seed, (arm, arm_cfg) in product(seeds, arms(cfg, with_2g).items()):  # arms side by side, seed by seed
         folder = Path(out) / f"{arm}-seed{seed}"
         done = folder / "history.json"
         if done.exists():
