@@ -57,7 +57,8 @@ def rstar2_home() -> Path:
 
 
 def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
-    """A registry name, a local folder, or a Hugging Face id -> a local folder and the model's defaults."""
+    """A registry name, a local folder, a training run's name (its `runs/NAME/last` under the working folder) or
+    a Hugging Face id -> a local folder and the model's defaults."""
     name = name_or_path or DEFAULT_MODEL
     spec = REGISTRY.get(name.lower())
     if spec is not None and spec.gguf is not None:
@@ -65,6 +66,9 @@ def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
     if spec is None and Path(name).expanduser().is_dir():
         path = Path(name).expanduser().resolve()
         return ResolvedModel(str(path), _spec_for_folder(path))
+    run = Path("runs") / name / "last"  # a training run by its name: `make train` -> --model rl-smollm2-cpu
+    if spec is None and "/" not in name and run.is_dir():
+        return ResolvedModel(str(run.resolve()), _spec_for_folder(run.resolve()))
     hub_id = spec.hub_id if spec else name
     return ResolvedModel(_download(hub_id), spec or _spec_for_folder(None, hub_id))
 
@@ -94,7 +98,8 @@ def _download(hub_id: str) -> str:
     except Exception as e:  # noqa: BLE001 - offline, gated, missing: all end the same way for the user
         raise ModelError(
             f"could not get the model {hub_id!r} from the Hugging Face Hub ({type(e).__name__}: {e}). "
-            f"Pass a local folder with --model PATH, or use the embedded default --model {DEFAULT_MODEL}."
+            f"Pass a local folder with --model PATH, a training run's name (runs/NAME/last here), or use the "
+            f"embedded default --model {DEFAULT_MODEL}."
         ) from e
 
 

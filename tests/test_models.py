@@ -1,0 +1,29 @@
+"""Model names: a training run is reachable by its name (`runs/NAME/last` under the working folder), with the
+format and context its checkpoint says it was trained with; registry names win over run names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rstar2_agent.models import ModelError, resolve_model
+
+
+def test_a_run_name_resolves_to_its_last_checkpoint(tmp_path, monkeypatch):
+    last = tmp_path / "runs" / "my-rl" / "checkpoint-4"
+    last.mkdir(parents=True)
+    (last / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    (last / "rstar2.json").write_text(json.dumps({"format": "hermes", "context_length": 4096}))
+    (tmp_path / "runs" / "my-rl" / "last").symlink_to("checkpoint-4")
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_model("my-rl")
+    assert resolved.path == str(last.resolve())
+    assert resolved.spec.format == "hermes" and resolved.spec.context_length == 4096
+
+
+def test_a_name_that_is_no_run_is_looked_up_on_the_hub_and_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="--model PATH"):
+        resolve_model("no-such-run-xyz")
