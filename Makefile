@@ -42,7 +42,8 @@ bench:
 	$(VENV)/bin/rstar2 sandbox bench
 
 # The whole pipeline on the embedded defaults: non-reasoning SFT, two GRPO-RoC stages, the report, and the
-# held-out synthetic accuracy before (the SFT checkpoint) and after (the RL checkpoint).
+# held-out synthetic accuracy before (the SFT checkpoint) and after (the RL checkpoint), then the trained model
+# answering one question with the Python tool (reach it by name: rstar2 chat --model rl-smollm2-cpu).
 train: install
 	$(VENV)/bin/rstar2 train sft --recipe sft-smollm2-cpu
 	$(VENV)/bin/rstar2 train rl --recipe rl-smollm2-cpu
@@ -51,6 +52,7 @@ train: install
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 24 --n 1 \
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
+	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "How many prime numbers are less than or equal to 17129?"
 
 # GRPO-RoC against GRPO at the same rollout budget on the tool-error task family, over three seeds:
 # runs/ablation/curves.png and the table (runs/ablation/summary.json).
