@@ -272,6 +272,9 @@ class RLRun:
             "tool_calls": sum(len(t.tool_calls) for t, _ in flat) / len(flat),
             "tool_error_ratio_positive": _tool_error_ratio(positives),
             "tool_error_ratio_kept_positive": _tool_error_ratio(kept_pos),
+            # the share of right answers reached through at least one failing call: what RoC has to filter
+            "positive_with_tool_error": (sum(any(c.failed for c in t.tool_calls) for t in positives) / len(positives)
+                                         if positives else 0.0),
             "engine_errors": sum(t.stop_reason == "engine_error" for t, _ in flat),
             "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
             **self.times, "time_update": t_update, "time_weight_sync": t_sync,
