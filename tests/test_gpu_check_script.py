@@ -1,0 +1,25 @@
+"""bench/gpu_check.py, the script a session lent a GPU runs, stays runnable: its tiny CPU mode goes through the
+same learner, engine and parity code (no GPU here, so the GPU figures themselves are not checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
+    out = tmp_path / "gpu.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert not report.get("errors"), report.get("errors")
+    assert report["learner"]["tokens_per_s"] > 0 and report["generation"]["tokens_per_s"] > 0
+    assert report["parity"]
