@@ -61,3 +61,24 @@ async def test_a_turn_cut_by_the_context_mid_answer_is_truncated_and_rewarded_0(
         assert await RLRun.reward(run, full, gold) == 1.0
     finally:
         grader.close()
+
+
+async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_before_any_update(smol_tokenizer,
+                                                                                                 sandbox):
+    """A dead rollout engine (here: an OpenAI-compatible rollout server that is gone, so every request is refused)
+    must stop RL with the engine's error, not grade the failures 0, update on nothing and save as if all went well."""
+    from rstar2_agent.engines.base import EngineError
+    from rstar2_agent.engines.openai import OpenAIEngine
+    from rstar2_agent.train.rl import RLConfig, Stage
+
+    from conftest import free_port
+
+    gone = OpenAIEngine(f"http://127.0.0.1:{free_port()}", model="m", tokenizer=smol_tokenizer, context_length=2048)
+    run = RLRun.__new__(RLRun)  # the rollout phase needs only the engine, the sandbox, the format and the config
+    run.cfg, run.engine, run.sandbox = RLConfig(), gone, sandbox
+    run.fmt = ChatFormat(smol_tokenizer, "hermes")
+    try:
+        with pytest.raises(EngineError, match=r"all 4 rollouts of step 3 failed .*ConnectError.*--resume"):
+            await run.rollouts([("p1", "What is 2+2?", "4"), ("p2", "What is 3+3?", "6")], 2, Stage(steps=1), step=3)
+    finally:
+        await gone.close()
