@@ -41,6 +41,8 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
         )
+        # the dtype the weights are pushed in after an update (half the bytes of the learner's fp32, no cast warnings)
+        self.weights_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args["dtype"])
         if on_gpu:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         else:
@@ -103,7 +105,8 @@ class VLLMEngine(Engine):
         seen: set[int] = set()
         tensors = {}
         for k, v in state_dict.items():  # tied weights (embed_tokens and lm_head) share storage: copy the second
-            v = v.detach().contiguous().cpu()
+            v = v.detach().to("cpu", self.weights_dtype if self.weights_dtype and v.is_floating_point() else v.dtype)
+            v = v.contiguous()
             ptr = v.untyped_storage().data_ptr()
             tensors[k] = v.clone() if ptr in seen else v
             seen.add(ptr)
