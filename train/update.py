@@ -44,15 +44,23 @@ def policy_update(learner: Learner, items: list[UpdateItem], cfg: Any, total_tok
                                     denominator=max(1, total_tokens))
         (loss * scale).backward()
         weight = float(mask.sum()) / max(1, total_tokens)
-        with torch.no_grad():
-            probs = torch.softmax(logits / max(cfg.temperature, 1e-6), -1)
-            ent = -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
-            metrics["entropy"] += float((ent * mask).sum()) / max(1, total_tokens)
+        metrics["entropy"] += _entropy_sum(logits, mask, cfg.temperature) / max(1, total_tokens)
         metrics["loss"] += float(loss.detach())
         metrics["clip_frac"] += stats["clip_frac"] * weight
         metrics["logprob_gap"] += stats["logprob_gap"] * weight
     learner.model.eval()
     return metrics
+
+
+@torch.no_grad()
+def _entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float, chunk: int = 128) -> float:
+    """The sampling distribution's entropy summed over the masked positions, `chunk` positions at a time: a
+    full-vocabulary softmax of the whole micro-batch at once would be several GB of temporaries on long rollouts."""
+    total = 0.0
+    for s in range(0, logits.size(1), chunk):
+        logp = torch.log_softmax(logits[:, s:s + chunk] / max(temperature, 1e-6), -1)
+        total += float(((-(logp.exp() * logp).sum(-1)) * mask[:, s:s + chunk]).sum())
+    return total
 
 
 def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
