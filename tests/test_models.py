@@ -27,3 +27,11 @@ def test_a_name_that_is_no_run_is_looked_up_on_the_hub_and_fails_clearly(tmp_pat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match="--model PATH"):
         resolve_model("no-such-run-xyz")
+
+
+def test_a_registry_name_wins_over_a_run_of_the_same_name(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "qwen3-14b-base" / "last").mkdir(parents=True)  # a run named like a registry model
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="Qwen/Qwen3-14B-Base"):  # the registry's hub id is fetched, not the run
+        resolve_model("qwen3-14b-base")

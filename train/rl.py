@@ -184,10 +184,9 @@ class RLRun:
         trajs = await asyncio.gather(*(self.rollout(question, stage, f"{self.cfg.seed}:{step}:{pid}:{k}")
                                        for pid, question, _ in prompts for k in range(n)))
         t1 = time.perf_counter()
-        failed = [t for t in trajs if t.stop_reason == "engine_error"]
-        if failed and len(failed) == len(trajs):  # a dead engine: stop before an update on nothing is saved
+        if trajs and all(t.stop_reason == "engine_error" for t in trajs):  # a dead engine: stop before an update
             raise EngineError(f"all {len(trajs)} rollouts of step {step} failed in the rollout engine "
-                              f"({failed[0].error}); nothing was updated or saved: fix the engine and rerun "
+                              f"({trajs[0].error}); nothing was updated or saved: fix the engine and rerun "
                               "with --resume")
         golds = [gold for _, _, gold in prompts for _ in range(n)]
         rewards = await asyncio.gather(*(self.reward(t, gold) for t, gold in zip(trajs, golds, strict=True)))
