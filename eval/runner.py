@@ -88,10 +88,12 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
     """ctx.agent: the core's token-level loop on `engine`, or the client-side chat-API loop."""
     base = cfg.agent_config()
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None):
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
         acfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=seed))
         if max_turns is not None:
             acfg.max_turns = max_turns
+        if max_calls is not None:
+            acfg.max_calls_per_turn = max_calls
         if chat_agent is not None:
             return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute)
         return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute)

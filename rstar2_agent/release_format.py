@@ -16,6 +16,8 @@ template and compare text and token ids.
   `<tool_call>...</tool_call>` body is JSON with "name" and "arguments", else it is answered
   `Failed to decode tool call: <error>`; only the first `max_calls` calls are answered (the release's
   `max_parallel_calls`, verl's default 1), the rest are dropped without an answer, as the release drops them.
+  The release knew one tool; other tools (a client's on `rstar2 serve`, BFCL's functions) keep their arguments as
+  written, and a caller that wants every call (BFCL, client tools) passes a larger `max_calls`.
 - `result_text(call, result, max_chars)`: "Tool call success/failure" (sandbox/release_tool.py), cut to
   `max_chars` characters keeping both ends around `...(truncated)...` (verl's `max_tool_response_length`,
   default 256, `tool_response_truncate_side: middle`, which the release's config does not change).
@@ -133,6 +135,10 @@ class ReleaseProtocol:
         try:
             if name not in known:
                 raise KeyError(name)
+            if name != RELEASE_TOOL:  # a client's or a benchmark's function: its arguments as written
+                if not isinstance(args, dict):
+                    raise TypeError(f"the arguments of {name} must be a JSON object, not {type(args).__name__}")
+                return ToolCall(name, args, raw)
             code, stdin = args.get("code", ""), args.get("input", "")
             if not isinstance(code, str):
                 code.encode()

@@ -245,8 +245,9 @@ class FakeAgent:
     def __init__(self, script):
         self.script, self.requests = script, []
 
-    async def __call__(self, messages, tools=None, seed=None, max_turns=None, execute=None):
-        self.requests.append({"messages": copy.deepcopy(messages), "tools": tools, "max_turns": max_turns})
+    async def __call__(self, messages, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
+        self.requests.append({"messages": copy.deepcopy(messages), "tools": tools, "max_turns": max_turns,
+                              "max_calls": max_calls})
         records = []
         for k, (name, args) in enumerate(self.script(len(self.requests) - 1, tools)):
             raw = json.dumps({"name": name, "arguments": args})
@@ -345,15 +346,14 @@ class ScriptedEngine:
         return Generation(ids, [0.0] * len(ids), "stop")
 
 
-def real_loop_context(tokenizer, texts: list[str]) -> tuple[Context, ScriptedEngine]:
+def real_loop_context(tokenizer, texts: list[str], format: str = "hermes") -> tuple[Context, ScriptedEngine]:
     from rstar2_agent.agent import AgentConfig, run_agent
-    from rstar2_agent.chat_format import ChatFormat, HermesProtocol
+    from rstar2_agent.chat_format import ChatFormat
 
-    engine, fmt = ScriptedEngine(tokenizer, texts), ChatFormat(tokenizer, "hermes")
-    assert isinstance(fmt.protocol, HermesProtocol)
+    engine, fmt = ScriptedEngine(tokenizer, texts), ChatFormat(tokenizer, format)
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None):
-        cfg = AgentConfig(max_turns=max_turns or 30)
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
+        cfg = AgentConfig(max_turns=max_turns or 30, max_calls_per_turn=max_calls)
         return await run_agent(prompt, engine, None, fmt, cfg, tools=tools, execute=execute)
 
     return Context(agent=agent, math_grader=None, seed=0, extra={"fmt": fmt}), engine
@@ -364,13 +364,17 @@ def hermes(calls: list[tuple[str, dict]]) -> str:
 
 
 @pytest.mark.slow
-async def test_real_loop_single_and_multi_turn_with_a_scripted_engine(smol_tokenizer):
+@pytest.mark.parametrize("format", ["hermes", "rstar2-release"])
+async def test_real_loop_single_and_multi_turn_with_a_scripted_engine(smol_tokenizer, format):
+    """Every call of a parallel turn reaches the checker with its arguments, in the Hermes format and in the
+    release's (whose own cap of one call a turn and Python-only arguments are for its Python tool)."""
     bench = BFCLv3(["parallel_multiple", "multi_turn_miss_func"])
     problems = {p.id: p for p in bench.load(limit=1)}
     item = items("parallel_multiple")[0]
     shown = {v: k for k, v in tools_for(item["function"], "parallel_multiple")[1].items()}
     calls = [(shown[c["name"]], c["arguments"]) for c in correct_calls(item, "parallel_multiple")][::-1]
-    ctx, _ = real_loop_context(smol_tokenizer, [hermes(calls)])
+    assert len(calls) > 1
+    ctx, _ = real_loop_context(smol_tokenizer, [hermes(calls)], format)
     out = await bench.run(problems[item["id"]], 0, ctx)
     assert out.correct, out.details["error"]
 
@@ -381,7 +385,7 @@ async def test_real_loop_single_and_multi_turn_with_a_scripted_engine(smol_token
         if turn:
             texts.append(hermes([(c.name, _as_kwargs(world, c)) for c in turn]))
         texts.append("That is all I can do.")
-    ctx, engine = real_loop_context(smol_tokenizer, texts)
+    ctx, engine = real_loop_context(smol_tokenizer, texts, format)
     out = await bench.run(problems[item["id"]], 0, ctx)
     assert out.correct, out.details["error"]
     assert not engine.texts and all(t["stop_reason"] == "no_tool_call" for t in out.details["turns"])

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from rstar2_agent.models import ModelError, resolve_model
+from rstar2_agent.train.train_commands import _reach
 
 
 def test_a_run_name_resolves_to_its_last_checkpoint(tmp_path, monkeypatch):
@@ -35,3 +36,14 @@ def test_a_registry_name_wins_over_a_run_of_the_same_name(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match="Qwen/Qwen3-14B-Base"):  # the registry's hub id is fetched, not the run
         resolve_model("qwen3-14b-base")
+
+
+def test_a_finished_run_says_how_to_reach_it(tmp_path, monkeypatch):
+    """`rstar2 train sft|rl` ends by naming the model: the run's name when --model finds it from here."""
+    out = tmp_path / "runs" / "my-rl"
+    (out / "step-4").mkdir(parents=True)
+    (out / "last").symlink_to("step-4")
+    monkeypatch.chdir(tmp_path)
+    assert _reach("runs/my-rl", "runs/my-rl/step-4").endswith("rstar2 chat --model my-rl")
+    monkeypatch.chdir(tmp_path / "runs")  # from elsewhere the name would not resolve: the path
+    assert _reach(str(out), str(out / "step-4")).endswith(f"--model {out / 'step-4'}")

@@ -152,6 +152,20 @@ def test_unknown_tools_and_bad_arguments_get_the_release_s_execution_errors():
     assert call.error is None and call.arguments == {"code": "1", "input": ""}  # input defaults as the release's
 
 
+def test_other_tools_keep_their_arguments_and_every_call_a_caller_asks_for():
+    """A client's functions (rstar2 serve) and BFCL's go through the release's parser too: their arguments are
+    the model's, not the Python tool's, and a caller that wants every call of a turn gets them."""
+    area = {"type": "function", "function": {"name": "calc_area", "parameters": {
+        "type": "object", "properties": {"base": {"type": "integer"}}}}}
+    text = "".join(f'<tool_call>\n{{"name": "calc_area", "arguments": {{"base": {b}}}}}\n</tool_call>'
+                   for b in (10, 20))
+    calls = ReleaseProtocol().parse(text, [area, RELEASE_SCHEMA], 64)
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("calc_area", {"base": 10}, None),
+                                                                ("calc_area", {"base": 20}, None)]
+    bad = ReleaseProtocol().parse('<tool_call>{"name": "calc_area", "arguments": [10]}</tool_call>', [area], 1)
+    assert bad[0].error == "Error when executing tool: the arguments of calc_area must be a JSON object, not list"
+
+
 def test_only_the_first_call_of_a_turn_is_answered_and_the_rest_dropped():
     one = f'<tool_call>{{"name": "{RELEASE_TOOL}", "arguments": {{"code": "1", "input": ""}}}}</tool_call>'
     assert len(parse(one + one + one)) == 1
@@ -173,6 +187,19 @@ async def test_errors_name_their_line_and_drop_unflushed_stdout(sandbox):
     assert out.startswith("Tool call failure\nreason: \nstderr: ZeroDivisionError at line 3: division by zero\n"
                           "  y = 1/0\n\nexecution time: ")
     assert "stdout" not in out  # os._exit(1) drops a block-buffered stdout's unflushed rest
+
+
+async def test_explicit_flushes_and_normal_exits_write_stdout_as_the_release_s_process(sandbox):
+    """Only os._exit(1) on an error drops unflushed stdout; a flush and a normal exit write it, and the program
+    sees a real stdout's attributes."""
+    assert "stdout: a\n\nstderr: ZeroDivisionError at line 1" in await run_release(
+        sandbox, "print('a', flush=True); 1/0")
+    for code in ("print('hi'); import sys; sys.exit(0)", "print('hi'); exit()"):
+        assert (await run_release(sandbox, code)).startswith("Tool call success\nstdout: hi\n\n"), code
+    out = await run_release(sandbox, "import sys\nprint('x')\nsys.exit(3)")
+    assert out.startswith("Tool call failure\nreason: \nstdout: x\n\nexecution time: ")
+    out = await run_release(sandbox, "import sys\nprint(sys.stdout.encoding)\nsys.stdout.buffer.write(b'raw\\n')")
+    assert out.startswith("Tool call success\nstdout: utf-8\nraw\n4\n\n")  # write()'s 4, echoed last
 
 
 async def test_the_last_expression_is_echoed_and_stdin_is_read(sandbox):

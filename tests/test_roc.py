@@ -130,6 +130,13 @@ def test_topk_ranks_by_what_the_release_counts_not_by_our_counts(smol_tokenizer)
     assert sorted(n for n in kept[0] if n != "wrong") == ["timeout", "twice"]  # release p 0.0 and 1.0 beat 1.5
     assert sorted(["direct", "twice", "timeout"], key=lambda n: penalty(stats[n]))[:2] == ["direct", "twice"]  # ours
 
+    # negatives: the first ones in rollout order, as the release keeps them (whatever the seed)
+    order = ["twice", "timeout"] + [f"wrong{i}" for i in range(6)]
+    mixed = [stats["twice"], stats["timeout"]] + [RolloutStats(0.0, release_penalty=1.5)] * 6
+    for seed in range(5):
+        kept, _ = resample_on_correct([Group(order, mixed)], g=4, seed=seed, positive_sampling="topk")
+        assert kept[0] == ["twice", "timeout", "wrong0", "wrong1"]
+
     with pytest.raises(ValueError, match="release_penalty"):
         resample_on_correct([Group(names, [RolloutStats(float(n != "wrong")) for n in names])], g=4, seed=0,
                             positive_sampling="topk")

@@ -49,6 +49,14 @@ async def test_sys_exit_code_is_kept(sandbox):
     assert (await sandbox.run("import sys; sys.exit(0)")).status == Status.OK
 
 
+async def test_exit_and_quit_work_as_in_a_normal_interpreter(sandbox):
+    """The runner starts with -S, which leaves out site's exit() and quit(); programs call them."""
+    r = await sandbox.run("print('a')\nexit()\nprint('b')")
+    assert r.status == Status.OK and r.stdout == "a\n"
+    r = await sandbox.run("quit(4)")
+    assert r.status == Status.ERROR and r.exit_code == 4
+
+
 async def test_each_call_starts_from_a_clean_state(sandbox):
     await sandbox.run("import math\nmath.pi = 3\nopen('state.txt', 'w').write('x')")
     for _ in range(4):  # reaches both workers

@@ -7,7 +7,8 @@ The order and sizes follow the release's down-sampling (microsoft/rStar, rstar2_
    least `min_positive` positives, when the group has them (the release's min_zero_reward_trace_num and
    min_non_zero_reward_trace_num, both 2). G below min_positive + min_negative is refused (`check_sizes`), as
    the release's assert refuses it; min_positive = min_negative = 1 is the named option for G = 2 or 3.
-3. Negatives are kept uniformly at random (the paper; the release keeps the lowest-penalty ones, in order).
+3. Negatives: `"paper"` keeps them uniformly at random (the paper); `"topk"` keeps the first ones in rollout
+   order, as the release's `resample_of_correct` does since its commit "rm sort for negative samples" (#50).
 4. Positives are kept by a penalty, one of two:
    - `positive_sampling="paper"` (default): with probability inversely proportional to p = p_err + p_format
      counted on the trajectory (`penalty`: failed calls / calls, 0.5 without a call; 1 without a well-formed
@@ -177,7 +178,7 @@ def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_
         else:
             penalties = {i: penalty(group.stats[i]) for i in pos}
             chosen_pos = _weighted_sample(pos, [1.0 / (penalties[i] + EPS) for i in pos], n_pos, rng)
-        chosen_neg = rng.sample(neg, n_neg)
+        chosen_neg = neg[:n_neg] if positive_sampling == "topk" else rng.sample(neg, n_neg)
         keep = sorted(chosen_pos + chosen_neg)
         kept_groups.append([group.items[i] for i in keep])
         stats.positives += len(pos)

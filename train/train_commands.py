@@ -40,7 +40,7 @@ def sft_cmd(recipe, resume, overrides) -> None:
             final, history = run_sft(cfg, resume=resume, on_step=on_step)
     except (DataError, ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"checkpoint: {final}  (use it anywhere with --model {final})")
+    click.echo(_reach(cfg.out, final))
     if history:
         click.echo(f"loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f} over {len(history)} steps")
 
@@ -66,10 +66,23 @@ def rl_cmd(recipe, resume, overrides) -> None:
             final, history = asyncio.run(run_rl(cfg, resume=resume, on_step=on_step))
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"checkpoint: {final}")
+    click.echo(_reach(cfg.out, final))
     if history:
         click.echo(f"rollout accuracy {history[0]['accuracy']:.3f} (first step) -> {history[-1]['accuracy']:.3f} "
                    f"(last) over {len(history)} steps")
+
+
+def _reach(out, final) -> str:
+    """How to use the checkpoint: by the run's name when `--model NAME` finds it from here (runs/NAME/last)."""
+    from pathlib import Path
+
+    from rstar2_agent.models import REGISTRY
+
+    name = Path(out).name
+    by_name = name.lower() not in REGISTRY and not Path(name).is_dir() and \
+        (Path("runs") / name / "last").resolve() == (Path(out) / "last").resolve()
+    model = name if by_name else str(final)
+    return f"checkpoint: {final}\nuse it with --model {model}, e.g. rstar2 chat --model {model}"
 
 
 @train_group.command("bench", context_settings={"ignore_unknown_options": True})

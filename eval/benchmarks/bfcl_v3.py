@@ -157,6 +157,11 @@ def merge(trajs: list[Trajectory]) -> Trajectory:
     return dataclasses.replace(last, turns=turns, timings=timings, error=error)
 
 
+# BFCL's handlers decode every call of a response; the formats' own caps (Hermes 8, the release's 1, which verl
+# kept for its one Python tool) would cut the parallel categories short.
+CALLS_PER_TURN = 64
+
+
 async def _not_executed(name: str, arguments: dict[str, Any]) -> str:
     return "(single-turn evaluation: the call is recorded, not run)"
 
@@ -207,7 +212,7 @@ class BFCLv3(Benchmark):
         category = meta["category"]
         tools, names = tools_for(meta["functions"], category)
         traj = await ctx.agent(with_system(meta["turns"][0]), tools=tools, max_turns=1, execute=_not_executed,
-                               seed=sample_seed(ctx.seed, problem.id, sample_index))
+                               max_calls=CALLS_PER_TURN, seed=sample_seed(ctx.seed, problem.id, sample_index))
         records = traj.turns[0].tool_calls if traj.turns else []
         calls = [{"name": names.get(r.name, r.name), "arguments": r.arguments} for r in records if r.name]
         unreadable = [r.raw for r in records if not r.name]
@@ -248,6 +253,7 @@ class BFCLv3(Benchmark):
 
             messages += user
             traj = await ctx.agent(messages, tools=tools, max_turns=bfcl.MAX_STEPS + 1, execute=execute,
+                                   max_calls=CALLS_PER_TURN,
                                    seed=sample_seed(ctx.seed, f"{problem.id}/{t}", sample_index))
             messages += continuation(traj, eos)
             trajs.append(traj)

@@ -15,7 +15,9 @@ statement). `response(result)` is the text inside `<tool_response>`.
 Named deviations, where the release's behaviour depends on its sandbox service (code-judge) and not on its code:
 - stdout on a failure: `os._exit(1)` drops what a block-buffered stdout had not flushed yet. The program keeps
   stdout in 8192-character blocks (Python's buffer size) and drops the unflushed rest on a failure, as the
-  release's process would; the block boundary is counted in characters, not bytes.
+  release's process would; the block boundary is counted in characters, not bytes. An explicit flush
+  (`print(..., flush=True)`, `sys.stdout.flush()`) and a normal exit (`sys.exit`, `exit()`) write it out, as
+  they would there; the real stdout's attributes (`encoding`, `buffer`, `reconfigure`) stay reachable.
 - a timeout's stderr carries our sandbox's own line ("TimeoutError: the program ran past its wall-time limit
   and was killed"); the failure reason is `worker_timeout`, as code-judge names it.
 """
@@ -56,9 +58,9 @@ REASONS = {Status.TIMEOUT: "worker_timeout", Status.QUEUE_TIMEOUT: "queue_timeou
 
 _EXECUTOR = r'''
 def _rstar2_release(code):
-    import ast, os, sys
+    import os, sys
 
-    class Blocks:  # a block-buffered stdout: what os._exit would drop is the unflushed rest
+    class Blocks:  # a block-buffered stdout: what os._exit drops is the unflushed rest
         def __init__(self, out):
             self.out, self.buf = out, ""
         def write(self, s):
@@ -68,11 +70,14 @@ def _rstar2_release(code):
                 self.out.flush()
                 self.buf = self.buf[8192:]
             return len(s)
-        def flush(self):
-            pass
-        def done(self):
+        def flush(self):  # print(..., flush=True) and sys.stdout.flush() reach the pipe, as in the release
             self.out.write(self.buf)
+            self.buf = ""
             self.out.flush()
+        def __getattr__(self, name):  # encoding, buffer, fileno, isatty, reconfigure, ... of the real stdout
+            if name == "buffer":
+                self.flush()
+            return getattr(self.out, name)
 
     def message(e, text, offset=0):
         if hasattr(e, "lineno"):
@@ -92,14 +97,22 @@ def _rstar2_release(code):
                 return f"{type(e).__name__} at line {lineno}: {e}\n  {lines[lineno - 1]}"
         return f"{type(e).__name__}: {e}"
 
-    def fail(text):
-        sys.stdout.flush()
+    def fail(text):  # the release prints the error and leaves with os._exit(1), never flushing stdout
         print(text, file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)
 
     real = sys.stdout
     sys.stdout = out = Blocks(real)
+    try:
+        _rstar2_release_run(code, fail, message)
+    finally:  # a normal end or exit (sys.exit, exit()) flushes stdout; fail's os._exit(1) never comes here
+        sys.stdout = real
+        out.flush()
+
+
+def _rstar2_release_run(code, fail, message):
+    import ast
     env = {"__name__": "__main__", "__file__": "<string>", "__builtins__": __builtins__}
     try:
         tree = ast.parse(code)
@@ -125,8 +138,6 @@ def _rstar2_release(code):
                 exec(compile(last, "<string>", "exec"), env)
             except Exception as e:
                 fail(message(e, last, len(main.splitlines()) if main else 0))
-    sys.stdout = real
-    out.done()
 '''
 
 

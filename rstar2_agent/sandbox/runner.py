@@ -505,6 +505,27 @@ def _collapse_heap_into_huge_pages() -> None:
 
 
 # ---------------------------------------------------------------- main
+class _Quitter:
+    """`exit()` and `quit()`, which `site` adds to builtins and `-S` leaves out: programs call them."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        raise SystemExit(code)
+
+
+def _add_exit_builtins() -> None:
+    import builtins
+
+    for name in ("exit", "quit"):
+        if not hasattr(builtins, name):
+            setattr(builtins, name, _Quitter(name))
+
+
 def main() -> None:
     mode, scratch = sys.argv[1], sys.argv[2]
     extra_paths = [p for p in os.environ.get("RSTAR2_SANDBOX_PATH", "").split(os.pathsep) if p]
@@ -519,6 +540,7 @@ def main() -> None:
     if os.getpid() != 1:  # no pid namespace (unsafe mode): die with the host
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _add_exit_builtins()
     for name in filter(None, os.environ.get("RSTAR2_SANDBOX_PRELOAD", "").split(",")):
         try:
             __import__(name)
