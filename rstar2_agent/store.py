@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,8 @@ from sqlalchemy import (
     event,
     select,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from . import __version__
@@ -147,11 +149,12 @@ class Store:
     def __init__(self, db: str | os.PathLike | None = None):
         self.url = as_url(db)
         try:
-            if self.url.startswith("sqlite:///"):
-                _create_sqlite_file(Path(self.url.removeprefix("sqlite:///")))
+            path = _sqlite_file(self.url)
+            if path is not None:
+                _create_sqlite_file(path)
             self.engine = _connect(self.url)
             Base.metadata.create_all(self.engine)  # a no-op on a file made above; adds tables a newer version has
-        except SQLAlchemyError as e:
+        except (SQLAlchemyError, ValueError) as e:  # ValueError: a URL SQLAlchemy cannot parse
             raise StoreError(f"cannot open the store {self.url}: {e}; check --db (a file path or a "
                              "SQLAlchemy URL such as postgresql://user@host/db)") from e
 
@@ -163,15 +166,20 @@ class Store:
     # -- runs
     def open_run(self, name: str, benchmark: str, model: str, config: dict[str, Any],
                  info: dict[str, Any] | None = None, kind: str = "eval") -> Run:
-        """Create the run, or resume it when one with this name and benchmark exists with the same settings."""
+        """Create the run, or resume it when one with this name and benchmark exists with the same settings.
+        Two processes opening the same new run at once: one creates it, the other resumes it."""
+        try:
+            with self.session() as s:
+                if s.scalars(select(Run.id).where(Run.name == name, Run.benchmark == benchmark)).first() is None:
+                    run = Run(name=name, benchmark=benchmark, kind=kind, model=model, config=config,
+                              info=info or {}, version=__version__, git_commit=git_commit())
+                    s.add(run)
+                    s.flush()
+                    return run
+        except IntegrityError:  # created by another process between the select and the insert: resume it
+            pass
         with self.session() as s:
-            run = s.scalars(select(Run).where(Run.name == name, Run.benchmark == benchmark)).first()
-            if run is None:
-                run = Run(name=name, benchmark=benchmark, kind=kind, model=model, config=config, info=info or {},
-                          version=__version__, git_commit=git_commit())
-                s.add(run)
-                s.flush()
-                return run
+            run = s.scalars(select(Run).where(Run.name == name, Run.benchmark == benchmark)).one()
             differ = sorted(k for k in {*config, *run.config} if config.get(k) != run.config.get(k))
             if run.model != model or differ:
                 changes = [f"model: {run.model!r} -> {model!r}"] if run.model != model else []
@@ -245,6 +253,16 @@ def _connect(url: str):
     return engine
 
 
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (query options such as ?timeout=5 are not part of it); None for other databases
+    and for SQLite in memory."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or \
+            parsed.database.startswith("file:"):
+        return None
+    return Path(parsed.database)
+
+
 def _create_sqlite_file(path: Path) -> None:
     """Make a new SQLite store appear with its tables already in it: the schema is written to a file beside it,
     which is then linked into place (atomic; when another process made the file first, theirs is kept). So no
@@ -252,7 +270,7 @@ def _create_sqlite_file(path: Path) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
     engine = _connect(f"sqlite:///{tmp}")
     try:
         Base.metadata.create_all(engine)

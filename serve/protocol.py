@@ -11,6 +11,7 @@ the 400 answer.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -27,7 +28,6 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TEXT_PART = '{"type": "text", "text": "..."}'
 _CALL = '{"id": "...", "type": "function", "function": {"name": "...", "arguments": "<a JSON object, as a string>"}}'
 _TOOL = '{"type": "function", "function": {"name": "...", "description": "...", "parameters": {<JSON Schema>}}}'
-_NAMED = '{"type": "function", "function": {"name": "<one of tools>"}}'
 
 
 class OpenAIError(Exception):
@@ -165,19 +165,61 @@ def check_tool(tool: Any, at: str) -> str:
 
 
 def _is_object_schema(schema: Any) -> bool:
-    """What the call checker reads of a tool's JSON Schema: properties that are objects, required names."""
+    """What the call checker reads of a tool's JSON Schema: type object, properties that are objects, required
+    names."""
     if schema is None:
         return True
     if not isinstance(schema, dict):
         return False
     props, required = schema.get("properties") or {}, schema.get("required") or []
-    return (isinstance(props, dict) and all(isinstance(p, dict) for p in props.values())
-            and isinstance(required, list) and all(isinstance(r, str) for r in required))
+    return (schema.get("type", "object") == "object" and isinstance(props, dict)
+            and all(isinstance(p, dict) for p in props.values()) and isinstance(required, list)
+            and all(isinstance(r, str) for r in required))
 
 
 # ---------------------------------------------------------------------------------------------- requests
+# Fields of OpenAI's or vLLM's API that these engines do not implement: the values that ask for nothing, and why
+# any other is refused (by name, instead of being served as if the field were not there).
+_SAMPLING = "the engines sample with temperature and top_p only"
+_GUIDED = "there is no guided decoding; ask for the shape in the prompt"
+NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "top_k": ((None, -1, 0), _SAMPLING), "min_p": ((None, 0), _SAMPLING),
+    "repetition_penalty": ((None, 1), _SAMPLING), "length_penalty": ((None, 1), _SAMPLING),
+    "min_tokens": ((None, 0), "generation stops at the end-of-turn token or max_tokens"),
+    "best_of": ((None, 1), "each choice is one sample (no best-of, no beam search); use n"),
+    "use_beam_search": ((None, False), "each choice is one sample (no best-of, no beam search); use n"),
+    "suffix": ((None, ""), "there is no insertion (fill-in-the-middle)"),
+    "prompt_logprobs": ((None, 0), "the prompt's logprobs are not returned"),
+    "guided_json": ((None,), _GUIDED), "guided_regex": ((None,), _GUIDED), "guided_choice": ((None,), _GUIDED),
+    "guided_grammar": ((None,), _GUIDED), "structured_outputs": ((None,), _GUIDED),
+    "functions": ((None,), f"functions and function_call are the deprecated form of tools and tool_choice: send "
+                           f"tools=[{_TOOL}]"),
+    "function_call": ((None,), "functions and function_call are the deprecated form of tools and tool_choice: "
+                               'send tool_choice "auto" or "none" with tools'),
+}
+# OpenAI fields that change nothing a model generates here (bookkeeping), accepted without a warning.
+IGNORED = {"user", "metadata", "store", "service_tier", "request_id", "priority"}
+log = logging.getLogger("rstar2.serve")
+
+
+def _asks_for_nothing(value: Any, neutral: tuple[Any, ...]) -> bool:
+    return any(value is n or (type(value) in (int, float) and type(n) is int and value == n) for n in neutral)
+
+
+def check_unsupported(body: dict[str, Any], known: set[str]) -> None:
+    """Refuse a field of the API that this server does not implement when it asks for something; log the fields
+    it does not know at all (ignored, as vLLM ignores them)."""
+    for name, (neutral, why) in NEUTRAL.items():
+        if name in body and not _asks_for_nothing(body[name], neutral):
+            raise InvalidField(name, f"{name} is not supported: {why}; leave it out")
+    unknown = sorted(set(body) - known - IGNORED - set(NEUTRAL))
+    if unknown:
+        log.warning("ignored request fields this server does not know: %s", ", ".join(unknown))
+
+
 class _Request(BaseModel):
-    # unknown fields are ignored, as OpenAI does; strict: no "1.0" for a number, no "yes" for true
+    # unknown fields are logged and ignored, as vLLM does; fields of the API that these engines do not implement
+    # are refused by name (NEUTRAL); strict: no "1.0" for a number, no "yes" for true
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
@@ -203,6 +245,8 @@ class _Request(BaseModel):
             at = field_path(loc)
             raise InvalidField(at, f"{at} holds a lone surrogate (an escape in \\ud800-\\udfff), which is not "
                                    "text; send valid UTF-8")
+        if isinstance(body, dict):
+            check_unsupported(body, set(cls.model_fields))
         return body
 
     @field_validator("stop", mode="before")
@@ -245,6 +289,7 @@ class ChatRequest(_Request):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # false: only the first call of a response is returned
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -274,13 +319,14 @@ class ChatRequest(_Request):
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, choice: Any) -> Any:
-        if choice == "required":
-            raise InvalidField("tool_choice", 'tool_choice "required" is not supported: a call cannot be forced '
-                               '(there is no guided decoding); use "auto" and ask for the call in the prompt')
         fn = choice.get("function") if isinstance(choice, dict) else None
         named = isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str)
-        if not named and choice not in (None, "none", "auto"):
-            raise InvalidField("tool_choice", f'tool_choice must be "none", "auto" or {_NAMED}; got {choice!r}')
+        if choice == "required" or named:
+            what = '"required"' if choice == "required" else "naming a function"
+            raise InvalidField("tool_choice", f"tool_choice {what} is not supported: a call cannot be forced "
+                               '(there is no guided decoding); use "auto" and ask for the call in the prompt')
+        if choice not in (None, "none", "auto"):
+            raise InvalidField("tool_choice", f'tool_choice must be "none" or "auto"; got {choice!r}')
         return choice
 
     @model_validator(mode="after")
@@ -288,10 +334,6 @@ class ChatRequest(_Request):
         names = [t["function"]["name"] for t in self.tools or []]
         if self.tool_choice not in (None, "none") and not names:
             raise InvalidField("tool_choice", "tool_choice needs tools: send the functions it chooses from in tools")
-        chosen = self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
-        if chosen is not None and chosen not in names:
-            raise InvalidField("tool_choice.function.name", f"tool_choice names {chosen!r}, which is not in tools "
-                                                            f"({', '.join(names)})")
         if self.top_logprobs:
             raise InvalidField("top_logprobs", "top_logprobs is not supported: only the sampled token's logprob "
                                                "is returned; leave it at 0")

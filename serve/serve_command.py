@@ -83,7 +83,8 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
 @serve_cmd.command("bench")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--requests", type=click.IntRange(4), default=16, show_default=True)
+@click.option("--requests", type=click.IntRange(1), default=8, show_default=True,
+              help="Requests per measurement (at least the concurrency: 16 at concurrency 16).")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
               help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
 def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:

@@ -136,16 +136,16 @@ async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, f
     return statistics.median(extra), statistics.median(own), len(extra)
 
 
-def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 16, rounds: int = 3):
-    """Rows for every (round, concurrency, server), and the tool-call overhead. Each concurrency level sends
-    max(concurrency, 4) of the `requests` prompts."""
+def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 8, rounds: int = 3):
+    """Rows for every (round, concurrency, server), and the tool-call overhead. Each measurement sends
+    max(requests, concurrency) prompts."""
     from transformers import AutoTokenizer
 
     from rstar2_agent.chat_format import ChatFormat
 
     tok = AutoTokenizer.from_pretrained(model_path)
     fmt = ChatFormat(tok, "hermes")
-    prompts = [fmt.render_prompt(QUESTIONS[i % len(QUESTIONS)]) for i in range(requests)]
+    prompts = [fmt.render_prompt(QUESTIONS[i % len(QUESTIONS)]) for i in range(max(requests, *concurrencies))]
     rows: list[ServeRow] = []
     vllm_port, ours_port = _port(), _port()
     vllm_argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
@@ -160,7 +160,8 @@ def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requ
         for k in range(rounds):
             for conc in concurrencies:
                 for name, url in servers if k % 2 == 0 else servers[::-1]:
-                    rows.append(asyncio.run(measure(url, name, "m", prompts[: max(conc, 4)], conc, max_tokens)))
+                    batch = prompts[: max(requests, conc)]
+                    rows.append(asyncio.run(measure(url, name, "m", batch, conc, max_tokens)))
         tools = asyncio.run(tool_overhead(ours, "m"))
     return rows, tools
 

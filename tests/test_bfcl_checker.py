@@ -20,6 +20,8 @@ from rstar2_agent.grading.bfcl_ast import standardize  # noqa: E402
 from rstar2_agent.grading.bfcl_multi_turn import Call, World, parse_call  # noqa: E402
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn  # noqa: E402
 
+from conftest import ScriptedEngine  # noqa: E402
+
 AST = [c for c in bfcl.NON_LIVE + bfcl.LIVE if not bfcl.is_relevance(c)]
 # Items whose own first possible answer breaks BFCL's rules (bfcl_eval's checker rejects it too): a required
 # parameter without an answer, a name that differs from the doc, a parameter the doc lacks; and Java ArrayLists
@@ -330,22 +332,6 @@ def test_continuation_keeps_unreadable_calls_as_text():
 
 
 # ------------------------------------------------------------------------------------------ with the real loop
-class ScriptedEngine:
-    """A fake engine: answers each generate() with the next scripted text (SmolLM2's tokenizer), so the real
-    agent loop, chat format and parser run on known model output."""
-
-    name, context_length = "scripted", 8192
-
-    def __init__(self, tokenizer, texts: list[str]):
-        self.tokenizer, self.texts = tokenizer, list(texts)
-
-    async def generate(self, prompt_ids, sampling, on_tokens=None):
-        from rstar2_agent.engines.base import Generation
-
-        ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return Generation(ids, [0.0] * len(ids), "stop")
-
-
 def real_loop_context(tokenizer, texts: list[str], format: str = "hermes") -> tuple[Context, ScriptedEngine]:
     from rstar2_agent.agent import AgentConfig, run_agent
     from rstar2_agent.chat_format import ChatFormat

@@ -97,9 +97,19 @@ BAD_CHAT = [
     (chat(tools=[WEATHER, WEATHER]), "tools[1].function.name"),
     (chat(tools=[WEATHER], tool_choice="required"), "tool_choice"),
     (chat(tools=[WEATHER], tool_choice="always"), "tool_choice"),
-    (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_time"}}),
-     "tool_choice.function.name"),
+    (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
     (chat(tool_choice="auto"), "tool_choice"),  # no tools to choose from
+    (chat(tools=[fn(parameters={"type": "string"})]), "tools[0].function.parameters"),
+    (chat(parallel_tool_calls="no"), "parallel_tool_calls"),
+    # fields of OpenAI's or vLLM's API that the engines do not implement, when they ask for something
+    (chat(top_k=20), "top_k"),
+    (chat(min_p=0.1), "min_p"),
+    (chat(repetition_penalty=1.1), "repetition_penalty"),
+    (chat(min_tokens=5), "min_tokens"),
+    (chat(best_of=2), "best_of"),
+    (chat(guided_json={"type": "object"}), "guided_json"),
+    (chat(functions=[WEATHER["function"]]), "functions"),
+    (chat(function_call="auto"), "function_call"),
 ]
 
 BAD_COMPLETIONS = [
@@ -116,6 +126,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "Hi", "stream": "yes"}, "stream"),
     ({"prompt": "Hi", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "Hi", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "Hi", "suffix": " end."}, "suffix"),
+    ({"prompt": "Hi", "use_beam_search": True}, "use_beam_search"),
 ]
 
 
@@ -177,7 +189,8 @@ async def test_the_openai_client_reads_the_error(url):
 @pytest.mark.parametrize("path, body", [
     ("chat/completions", chat({"role": "user", "content": [{"type": "text", "text": "Say "},
                                                            {"type": "text", "text": "hi."}]}, max_turns=1)),
-    ("chat/completions", chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})),
+    ("chat/completions", chat(tools=[WEATHER], parallel_tool_calls=False, user="u1", top_k=-1, min_p=0.0,
+                              repetition_penalty=1.0, best_of=1, an_unknown_extension=3)),
     ("chat/completions", chat(*with_call(result={"role": "tool", "tool_call_id": "c1",
                                                  "content": [{"type": "text", "text": "sunny"}]}),
                               tools=[WEATHER], tool_choice="auto", stop=["\n\n", "Paris", "x", "y"], seed=3)),

@@ -23,6 +23,8 @@ from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL, prog
 from rstar2_agent.sandbox.types import ExecResult, Status
 from rstar2_agent.tool_calls import ToolCall
 
+from conftest import ScriptedEngine
+
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 TEMPLATE = REFERENCE / "rstar2-release-chat-template.jinja"
 TOOL_CONFIG = REFERENCE / "rstar2-release-python-tool.yaml"
@@ -222,6 +224,43 @@ async def test_the_agent_loop_runs_the_release_tool_with_release_prompts(engine,
                            AgentConfig(max_turns=1, sampling=SamplingParams(temperature=0, max_tokens=16)))
     assert traj.prompt_ids == fmt.render_prompt("What is 6*7?")
     assert fmt.decode(traj.prompt_ids).endswith("<|im_start|>assistant\n<reason>")
+
+
+@needs_reference
+async def test_a_loop_trajectory_has_the_template_s_ids_at_every_turn(smol_tokenizer, sandbox):
+    """The real agent loop and sandbox in the release's format, on scripted model turns (two with calls, one
+    parallel, one failing; then the answer): the first prompt and every inserted tool response are the ids the
+    release's template and loop give, and each response is the release tool's text for what the sandbox ran."""
+    def turn(*calls: tuple[str, str]) -> str:
+        return "Let me compute." + "".join(
+            f'\n<tool_call>\n{json.dumps({"name": RELEASE_TOOL, "arguments": {"code": c, "input": i}})}\n'
+            "</tool_call>" for c, i in calls)
+
+    engine = ScriptedEngine(smol_tokenizer, [turn(("print(6*7)", "")),
+                                             turn(("print(int(input())+1)", "41"), ("1/0", "")),
+                                             "So it is 42.</reason>\n<answer>\\boxed{42}</answer>"])
+    fmt = ChatFormat(smol_tokenizer, "rstar2-release")
+    # two calls a turn (the release answers one, verl's max_parallel_calls; raised here to merge two responses)
+    traj = await run_agent("What is 6*7?", engine, sandbox, fmt, AgentConfig(max_turns=4, max_calls_per_turn=2))
+    assert traj.stop_reason == "answer" and not engine.texts
+    assert traj.prompt_ids == list(oracle(smol_tokenizer, [{"role": "user", "content": "What is 6*7?"}],
+                                          release_tools(), True, tokenize=True))
+    system = oracle(smol_tokenizer, [{}], None, False, tokenize=True)
+    at = 0
+    for t in traj.turns:
+        at += t.num_tokens
+        if not t.tool_calls:
+            continue
+        responses = [c.response for c in t.tool_calls]
+        full = oracle(smol_tokenizer, [{"role": "tool", "content": r} for r in responses], None, True, tokenize=True)
+        assert traj.response_ids[at:at + t.inserted_tokens] == list(full)[len(system):]
+        at += t.inserted_tokens
+    assert at == len(traj.response_ids)
+    first, (second, failing) = traj.turns[0].tool_calls[0].response, traj.turns[1].tool_calls
+    assert first.startswith("Tool call success\nstdout: 42\n\nexecution time: ")
+    assert second.response.startswith("Tool call success\nstdout: 42\n")
+    assert failing.response.startswith("Tool call failure\nreason: \nstderr: ZeroDivisionError at line 1: "
+                                       "division by zero\n  1/0\n")
 
 
 @needs_reference

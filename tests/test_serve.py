@@ -91,6 +91,13 @@ async def test_client_tools_map_parsed_calls_to_openai_tool_calls(engine, sandbo
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'} and call["type"] == "function"
     msg, finish = client_tool_message(fmt, text, [WEATHER], allow_calls=False)  # tool_choice="none"
     assert finish == "stop" and msg["content"] == text and "tool_calls" not in msg
+    two = text.replace('"arguments": {}', '"arguments": {"city": "Rome"}')
+    assert len(client_tool_message(fmt, two, [WEATHER], allow_calls=True)[0]["tool_calls"]) == 2
+    [first] = client_tool_message(fmt, two, [WEATHER], True, max_calls=1)[0]["tool_calls"]  # parallel_tool_calls
+    assert json.loads(first["function"]["arguments"]) == {"city": "Paris"}
+    release = Server(engine, sandbox, ServeConfig(model_name="m")).formats["rstar2-release"]
+    calls = client_tool_message(release, two, [WEATHER], allow_calls=True)[0]["tool_calls"]  # the client's args
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
 
 
 async def test_completions_with_token_ids_drive_the_openai_engine(url, engine):

@@ -45,3 +45,28 @@ def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path):
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from runs").fetchone()[0] == 6
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("shared.db-")) == ["shared.db"]
+
+
+def test_sqlite_urls_with_options_or_in_memory_open_as_sqlalchemy_reads_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mem = Store("sqlite:///:memory:")
+    run = mem.open_run("r", "b", "m", {"n": 1})
+    assert mem.open_run("r", "b", "m", {"n": 1}).id == run.id
+    mem.close()
+    opts = Store(f"sqlite:///{tmp_path / 'x.db'}?timeout=5")
+    opts.open_run("r", "b", "m", {})
+    opts.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.db"]  # no file named ':memory:' or 'x.db?timeout=5'
+
+
+def test_threads_opening_one_new_store_at_once_all_succeed(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_one(_):
+        s = Store(tmp_path / "t.db")
+        s.open_run("r", "b", "m", {})
+        s.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(open_one, range(8)))
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("t.db-")) == ["t.db"]
