@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from rstar2_agent.chat_format import FORMATS
-from rstar2_agent.cli_options import replica_options
+from rstar2_agent.cli_options import engine_option, replica_options
 from rstar2_agent.store import StoreError
 
 from .benchmarks import BENCHMARKS, DataError
@@ -40,8 +40,7 @@ def run_options(f):
 _RUN_OPTIONS = [
     click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face "
                  "id; with --url: where the tokenizer comes from."),
-    click.option("--engine", type=click.Choice(["auto", "vllm", "hf"]), default="auto", show_default=True,
-                 help="auto: vllm on GPU machines, hf on CPU."),
+    engine_option,
     click.option("--url", "urls", multiple=True, help="An OpenAI-compatible server to evaluate instead of a local "
                  "engine; several: a replica pool over them."),
     replica_options,

@@ -6,6 +6,7 @@ import click
 
 from . import __version__
 from .chat_format import FORMATS
+from .cli_options import engine_option
 from .logs import setup_logging
 from .sandbox.sandbox_commands import sandbox_group
 
@@ -43,8 +44,7 @@ main.add_command(sandbox_group)
 
 @main.command("chat")
 @click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
-@click.option("--engine", type=click.Choice(["auto", "vllm", "hf", "openai"]), default="auto", show_default=True,
-              help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
+@engine_option
 @click.option("--url", default=None, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
 @click.option("--served-model", default=None, help="The model name on that server (default: its first).")
 @click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
+from .engines import ENGINES
 from .engines.replicas import POLICIES
+
+
+def engine_option(fn):
+    """--engine (chat, serve, eval): the same choices everywhere, resolved by engines.spec.EngineSpec.kind."""
+    return click.option("--engine", type=click.Choice(["auto", *ENGINES]), default="auto", show_default=True,
+                        help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")(fn)
 
 
 def replica_options(fn):

@@ -8,15 +8,13 @@ import os
 import click
 
 from rstar2_agent.chat_format import FORMATS
-from rstar2_agent.cli_options import replica_options
-from rstar2_agent.engines import ENGINES
+from rstar2_agent.cli_options import engine_option, replica_options
 
 
 @click.group("serve", invoke_without_command=True)
 @click.pass_context
 @click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
-@click.option("--engine", type=click.Choice(["auto", *ENGINES]), default="auto", show_default=True,
-              help="auto: vllm on GPU machines, hf on CPU, openai when --url is given.")
+@engine_option
 @click.option("--url", "urls", multiple=True, help="Upstream OpenAI-compatible server for --engine openai; "
               "several: a replica pool over them.")
 @replica_options

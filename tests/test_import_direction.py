@@ -1,6 +1,7 @@
 """The package's imports run one way: the faces (serve, eval, train, chat) use the core (agent, engines, sandbox,
 grading, store, chat_format, models, ...), no face imports another, and the core imports no face. Only the
-entry point (`rstar2_agent.cli`) sees every face. Every import counts, the lazy ones inside functions too."""
+entry point (`rstar2_agent.cli`) sees every face. Every import counts, the lazy ones inside functions and the ones
+written as strings (importlib.import_module, __import__) too."""
 
 from __future__ import annotations
 
@@ -43,7 +44,15 @@ def imports(name: str, source: str, is_package: bool = False) -> list[tuple[int,
                 base = ".".join([*anchor, base] if base else anchor)
             found += [(node.lineno, base)]
             found += [(node.lineno, f"{base}.{a.name}") for a in node.names]  # `from pkg import module`
+        elif isinstance(node, ast.Call) and _names_import(node.func) and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            found += [(node.lineno, node.args[0].value)]  # importlib.import_module("rstar2_agent.x"), __import__
     return [(line, m) for line, m in found if m.startswith("rstar2_agent")]
+
+
+def _names_import(func: ast.expr) -> bool:
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in ("import_module", "__import__")
 
 
 def face_of(module: str) -> str | None:
@@ -68,9 +77,11 @@ def test_faces_use_the_core_and_never_each_other():
 
 
 def test_the_walk_sees_lazy_and_relative_imports():
-    src = "def f():\n    from ..train.rl import RLRun\n    import rstar2_agent.serve.app\n"
+    src = ("def f():\n    from ..train.rl import RLRun\n    import rstar2_agent.serve.app\n"
+           "    importlib.import_module('rstar2_agent.serve.protocol')\n    __import__('rstar2_agent.train.roc')\n")
     got = {m for _, m in imports("rstar2_agent.eval.harness", src)}
-    assert {"rstar2_agent.train.rl", "rstar2_agent.train.rl.RLRun", "rstar2_agent.serve.app"} <= got
+    assert {"rstar2_agent.train.rl", "rstar2_agent.train.rl.RLRun", "rstar2_agent.serve.app",
+            "rstar2_agent.serve.protocol", "rstar2_agent.train.roc"} <= got
 
 
 def test_the_command_line_loads_a_face_only_to_run_it():

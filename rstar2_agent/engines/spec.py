@@ -1,4 +1,7 @@
-"""Which engine a face runs, and how it is built: one spec and one builder for chat, serve and eval."""
+"""Which engine a face runs, and how it is built: one spec and one builder for chat, serve and eval, with the
+`--engine` choices declared once (cli_options.engine_option). Training builds its rollout engines itself
+(train/rl.py), because they are tied to the learner: the hf engine runs the learner's own model object, the
+in-process vLLM engine and Ray's engine actors take its weights after every update."""
 
 from __future__ import annotations
 
