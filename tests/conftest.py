@@ -33,6 +33,24 @@ def children(pid: int) -> list[int]:
     return out
 
 
+async def until(condition, what: str, timeout: float = 20.0) -> None:
+    """Wait for `condition()` (a plain or an async callable) to hold, polling every 20 ms; fail after `timeout`
+    seconds naming what was awaited. For waits on a state the test can observe, instead of a fixed sleep."""
+    import inspect
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
 def count_prompt(tokenizer) -> list[int]:
     """A short chat prompt's ids ("Count from 1 to 20."), for the engine tests."""
     return tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}],

@@ -9,7 +9,7 @@ import uuid
 from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig, SandboxError, Status
 from rstar2_agent.sandbox.templates import FULL
 
-from conftest import HOST_SECRET, ROOT, children
+from conftest import HOST_SECRET, ROOT, children, until
 
 
 async def assert_pool_clean(sb):
@@ -106,9 +106,11 @@ async def test_segfault_is_reported_as_killed(sandbox):
 
 async def test_a_killed_worker_mid_call_is_reported_and_replaced():
     async with LocalSandbox(SandboxConfig(workers=1, templates=(FULL,))) as sb:
+        pid = sb.worker_pids()[0]
+        idle = len(children(pid))
         call = asyncio.create_task(sb.run("import time\ntime.sleep(30)", timeout=60))
-        await asyncio.sleep(0.5)
-        os.killpg(sb.worker_pids()[0], 9)
+        await until(lambda: len(children(pid)) > idle, "the runner to fork the program")
+        os.killpg(pid, 9)
         r = await asyncio.wait_for(call, 20)
         assert r.status == Status.KILLED and "died" in r.stderr
         r = await asyncio.wait_for(sb.run("print('served')"), 60)
@@ -118,8 +120,10 @@ async def test_a_killed_worker_mid_call_is_reported_and_replaced():
 
 async def test_cancelled_call_kills_the_program_and_frees_the_worker():
     async with LocalSandbox(SandboxConfig(workers=1)) as sb:
+        pid = sb.worker_pids()[0]
+        idle = len(children(pid))
         call = asyncio.create_task(sb.run("import time\ntime.sleep(30)", timeout=60))
-        await asyncio.sleep(0.5)
+        await until(lambda: len(children(pid)) > idle, "the runner to fork the program")
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
         r = await asyncio.wait_for(sb.run("print('next')"), 5)
@@ -177,15 +181,11 @@ async def test_a_worker_that_died_while_idle_is_skipped_without_losing_the_call(
     async with LocalSandbox(SandboxConfig(workers=2, templates=(FULL,))) as sb:
         victim = sb.worker_pids()[0]
         os.killpg(victim, 9)
-        for _ in range(10):  # give asyncio time to see the exit
-            await asyncio.sleep(0.05)
+        await until(lambda: not os.path.exists(f"/proc/{victim}"), "asyncio to reap the killed worker")
         results = await asyncio.gather(*(sb.run("print('ok')") for _ in range(4)))
         assert [r.stdout for r in results] == ["ok\n"] * 4
-        for _ in range(100):
-            if (await sb.stats())["alive"] == 2:
-                break
-            await asyncio.sleep(0.1)
-        assert (await sb.stats())["alive"] == 2 and victim not in sb.worker_pids()
+        await until(lambda: _alive(sb, 2), "the pool to replace the worker", timeout=10)
+        assert victim not in sb.worker_pids()
 
 
 async def test_seccomp_refuses_tracing_namespaces_and_io_uring(sandbox):
@@ -200,3 +200,7 @@ print(out)"""
     r = await sandbox.run(code)
     assert r.ok, r.stderr
     assert r.stdout == "[(-1, 1), (-1, 1), (-1, 1)]\n"  # EPERM from the filter
+
+
+async def _alive(sb, n: int) -> bool:
+    return (await sb.stats())["alive"] == n

@@ -8,6 +8,8 @@ import pytest
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig, SandboxError, Status
 from rstar2_agent.sandbox.tools import STATELESS_TOOL, execute_python_code_with_standard_io
 
+from conftest import until
+
 
 @pytest.fixture
 async def sid(sandbox):
@@ -53,10 +55,11 @@ async def test_session_cap_and_unknown_session():
 async def test_idle_sessions_are_closed():
     async with LocalSandbox(SandboxConfig(workers=1, session_idle_timeout=0.4)) as sb:
         sid = await sb.open_session()
-        import asyncio
 
-        await asyncio.sleep(1.5)
-        assert (await sb.stats())["sessions"] == 0
+        async def closed() -> bool:
+            return (await sb.stats())["sessions"] == 0
+
+        await until(closed, "the idle session to be closed", timeout=10)
         assert (await sb.run_in_session(sid, "1")).status == Status.INTERNAL_ERROR
 
 

@@ -49,10 +49,13 @@ def test_the_table_pairs_runs_by_seed():
 @pytest.mark.slow
 def test_the_ablation_command_runs_both_arms_over_seeds_and_resumes(tmp_path, sft_checkpoint):
     model, _ = sft_checkpoint
-    args = [RSTAR2, "train", "ablation", "--recipe", "rl-smollm2-cpu", "--seeds", "0,1", "--out", str(tmp_path / "abl"),
-            "--final-steps", "1", f"model={model}", "stages=[{steps: 1, max_response_tokens: 32, max_turns: 2, "
-            "data_size: 8}]", "prompts_per_step=1", "group_size=2", "roc_min_positive=1", "roc_min_negative=1",
-            f"db={tmp_path / 's.db'}", "micro_batch=4", "rollout_engine=hf"]  # four runs: no vLLM start each
+    # The ablation's own recipe and task family (tool tasks), at toy size; four runs: the hf engine, not a vLLM
+    # start each (the in-process vLLM rollouts are tested in test_engines).
+    args = [RSTAR2, "train", "ablation", "--recipe", "rl-smollm2-tooltasks-cpu", "--seeds", "0,1", "--out",
+            str(tmp_path / "abl"), "--final-steps", "1", f"model={model}", "stages=[{steps: 1, max_response_tokens: "
+            "32, max_turns: 2, data: tooltasks, data_size: 8}]", "prompts_per_step=1", "group_size=2",
+            "roc_min_positive=1", "roc_min_negative=1", f"db={tmp_path / 's.db'}", "micro_batch=4",
+            "rollout_engine=hf"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     for arm, seed in [("roc", 0), ("roc", 1), ("grpo", 0), ("grpo", 1)]:

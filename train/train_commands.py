@@ -19,11 +19,33 @@ def train_group() -> None:
     """Train: the non-reasoning SFT stage (`rstar2 train sft`), then GRPO-RoC RL in stages (`rstar2 train rl`)."""
 
 
+def _run_options(default_recipe: str):
+    """--recipe, --resume and the key=value overrides of `rstar2 train sft` and `rstar2 train rl`."""
+    def wrap(fn):
+        fn = click.argument("overrides", nargs=-1)(fn)
+        fn = click.option("--resume", is_flag=True,
+                          help="Continue from the last checkpoint in the recipe's `out` folder.")(fn)
+        return click.option("--recipe", default=default_recipe, show_default=True,
+                            help="A YAML file, or a recipe name in train/recipes/.")(fn)
+    return wrap
+
+
+def _train(kind: str, cfg, run, step_text, errors: tuple[type[Exception], ...], summary) -> None:
+    """Run `run(on_step)` under a progress bar; a known error becomes a clean message; then where the model is
+    and what changed."""
+    bar, on_step = _progress(kind, step_text)
+    try:
+        with bar:
+            final, history = run(on_step)
+    except errors as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(_reach(cfg.out, final))
+    if history:
+        click.echo(summary(history))
+
+
 @train_group.command("sft", context_settings={"ignore_unknown_options": True})
-@click.option("--recipe", default="sft-smollm2-cpu", show_default=True,
-              help="A YAML file, or a recipe name in train/recipes/.")
-@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in the recipe's `out` folder.")
-@click.argument("overrides", nargs=-1)
+@_run_options("sft-smollm2-cpu")
 def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
     from rstar2_agent.models import ModelError
@@ -32,24 +54,14 @@ def sft_cmd(recipe, resume, overrides) -> None:
     from .sft import SFTConfig, run_sft
 
     cfg = _recipe(SFTConfig, recipe, overrides)
-    bar, on_step = _progress("sft", lambda m: f"loss {m['loss']:.4f} lr {m['lr']:.2e} gnorm {m['grad_norm']:.2f} "
-                                              f"{m['tokens_per_s']:.0f} tok/s")
-
-    try:
-        with bar:
-            final, history = run_sft(cfg, resume=resume, on_step=on_step)
-    except (DataError, ModelError, ValueError) as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(_reach(cfg.out, final))
-    if history:
-        click.echo(f"loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f} over {len(history)} steps")
+    _train("sft", cfg, lambda on_step: run_sft(cfg, resume=resume, on_step=on_step),
+           lambda m: f"loss {m['loss']:.4f} lr {m['lr']:.2e} gnorm {m['grad_norm']:.2f} {m['tokens_per_s']:.0f} tok/s",
+           (DataError, ModelError, ValueError),
+           lambda h: f"loss {h[0]['loss']:.4f} -> {h[-1]['loss']:.4f} over {len(h)} steps")
 
 
 @train_group.command("rl", context_settings={"ignore_unknown_options": True})
-@click.option("--recipe", default="rl-smollm2-cpu", show_default=True,
-              help="A YAML file, or a recipe name in train/recipes/.")
-@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in the recipe's `out` folder.")
-@click.argument("overrides", nargs=-1)
+@_run_options("rl-smollm2-cpu")
 def rl_cmd(recipe, resume, overrides) -> None:
     """GRPO-RoC RL in stages; OVERRIDES are key=value (e.g. roc=false out=runs/grpo prompts_per_step=8)."""
     import asyncio
@@ -59,17 +71,12 @@ def rl_cmd(recipe, resume, overrides) -> None:
     from .rl import RLConfig, run_rl
 
     cfg = _recipe(RLConfig, recipe, overrides)
-    bar, on_step = _progress("rl", lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} "
-                                             f"loss {m['loss']:+.4f} stage {m['stage']:.0f}")
-    try:
-        with bar:
-            final, history = asyncio.run(run_rl(cfg, resume=resume, on_step=on_step))
-    except (ModelError, ValueError) as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(_reach(cfg.out, final))
-    if history:
-        click.echo(f"rollout accuracy {history[0]['accuracy']:.3f} (first step) -> {history[-1]['accuracy']:.3f} "
-                   f"(last) over {len(history)} steps")
+    _train("rl", cfg, lambda on_step: asyncio.run(run_rl(cfg, resume=resume, on_step=on_step)),
+           lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} loss {m['loss']:+.4f} "
+                     f"stage {m['stage']:.0f}",
+           (ModelError, ValueError),
+           lambda h: f"rollout accuracy {h[0]['accuracy']:.3f} (first step) -> {h[-1]['accuracy']:.3f} (last) "
+                     f"over {len(h)} steps")
 
 
 def _reach(out, final) -> str:
