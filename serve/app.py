@@ -122,18 +122,21 @@ class Server:
         self.metrics.tokens.labels("completion").inc(len(gen.token_ids))
         text = fmt.decode(gen.token_ids).replace(fmt.eos_text, "")
         msg, finish = client_tool_message(fmt, text, req.tools or [], req.tool_choice != "none",
-                                          64 if req.parallel_tool_calls else 1)
+                                          CLIENT_CALLS if req.parallel_tool_calls else 1)
         if finish == "stop" and gen.finish_reason == "length":
             finish = "length"
         return msg, finish, len(prompt), len(gen.token_ids), gen
 
 
+CLIENT_CALLS = 64  # calls of one response returned to a client (every call a model writes, in practice)
+
+
 def client_tool_message(fmt: ChatFormat, text: str, tools: list[dict[str, Any]], allow_calls: bool,
-                        max_calls: int = 64) -> tuple[dict[str, Any], str]:
-    """The assistant message for a request with client tools: well-formed calls become `tool_calls`, at most
-    `max_calls` (1 with parallel_tool_calls false) (the text before the first call stays as content); a malformed
-    call is left in the content, as text."""
-    calls = [c for c in fmt.parse(text, max_calls=64, tools=tools) if c.error is None][:max_calls]
+                        max_calls: int = CLIENT_CALLS) -> tuple[dict[str, Any], str]:
+    """The assistant message for a request with client tools: the first `max_calls` well-formed calls become
+    `tool_calls` (1 with parallel_tool_calls false); the text before the first call stays as content; a
+    malformed call is left in the content, as text."""
+    calls = [c for c in fmt.parse(text, max_calls=CLIENT_CALLS, tools=tools) if c.error is None][:max_calls]
     if not calls or not allow_calls:
         return {"role": "assistant", "content": text}, "stop"
     content = text[: text.find("<tool_call>")].strip() or None
