@@ -8,7 +8,7 @@ from rstar2_agent.chat_format import FORMATS
 from rstar2_agent.cli_options import engine_option, replica_options
 from rstar2_agent.store import StoreError
 
-from .benchmarks import BENCHMARKS, DataError
+from .benchmarks import BENCHMARKS, DataError, get_benchmarks
 
 
 class _EvalGroup(click.Group):
@@ -125,16 +125,16 @@ def run_cmd(benchmarks, **o) -> None:
     from .harness import evaluate
 
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    unknown = [b for b in names if b not in known_benchmarks()]
+    unknown = [b for b in names if b not in BENCHMARKS]
     if unknown:
         raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
-                               f"choose from {', '.join(known_benchmarks())}")
+                               f"choose from {', '.join(BENCHMARKS)}")
     source, cfg = source_and_config(o)
 
     async def go():
         store = Store(o["db"])
         await evaluate(names, source, cfg, store, o["run_name"], o["data_dir"], o["out"],
-                       benchmarks=extra_benchmarks(names, o["categories"]))
+                       benchmarks=get_benchmarks(names, o["categories"]))
 
     run_async(go())
 
@@ -170,19 +170,6 @@ def paper_cmd(**o) -> None:
             console.print(f"{r.benchmark} skipped: {r.skipped}", soft_wrap=True)
     if all(r.skipped for r in rows):
         raise click.ClickException("no benchmark could run: give their data with --data-dir (see above)")
-
-
-def known_benchmarks() -> list[str]:
-    return [*BENCHMARKS, "bfcl_v3"]
-
-
-def extra_benchmarks(names: list[str], categories: str = "all") -> dict:
-    """Benchmarks that are not plain registry entries (BFCL v3 with its categories)."""
-    if "bfcl_v3" not in names:
-        return {}
-    from .benchmarks.bfcl_v3 import BFCLv3
-
-    return {"bfcl_v3": BFCLv3(categories=categories)}
 
 
 @eval_group.command("report")

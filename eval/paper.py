@@ -24,6 +24,7 @@ from rich.table import Table
 from rstar2_agent.stats import t_quantile, wilson
 from rstar2_agent.store import Sample, Store
 
+from .benchmarks import get_benchmarks
 from .report import BenchResult, bfcl_category, load
 from .runner import EvalConfig
 
@@ -139,12 +140,11 @@ async def run_paper(source, cfg: EvalConfig, store: Store, run_name: str | None 
                     engine=None) -> list[PaperRow]:
     """Run (or resume) the paper's benchmarks, each with its own defaults where `cfg` leaves a setting None; a
     benchmark without data is skipped with the reason. Returns the rows, in PAPER_SCORES order."""
-    from .eval_commands import extra_benchmarks
     from .harness import evaluate
 
     skipped: dict[str, str] = {}
     runs = await evaluate(list(PAPER_SCORES), source, cfg, store, run_name, data_dir, out, console,
-                          benchmarks=extra_benchmarks(list(PAPER_SCORES), categories), engine=engine, skipped=skipped)
+                          benchmarks=get_benchmarks(list(PAPER_SCORES), categories), engine=engine, skipped=skipped)
     rows = []
     for bench in PAPER_SCORES:
         if bench in skipped:

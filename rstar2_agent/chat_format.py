@@ -20,7 +20,8 @@ import json
 import re
 from typing import Any
 
-from . import release_format
+from . import paper_format, release_format
+from .paper_format import PaperProtocol
 from .release_format import ReleaseProtocol
 from .sandbox.tools import STATELESS_SCHEMA, STATELESS_TOOL
 from .tool_calls import ToolCall, cap_calls, validate_arguments
@@ -150,8 +151,17 @@ class MarkdownProtocol:
         return f"```python\n{arguments.get('code', '')}\n```\n```output"
 
 
-PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol, "rstar2-release": ReleaseProtocol}
-FORMATS = ("hermes", "markdown", "rstar2-release")  # the format profiles: `--format` on chat, serve, eval, train
+class TemplateProtocol(HermesProtocol):
+    """Any tool-calling model in its own format: the model's chat template renders the conversation with the tools
+    passed as `tools=` and the results as `tool` messages (as vLLM and SGLang render it); Hermes calls are parsed."""
+
+    name = "template"
+
+
+PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol, "rstar2-release": ReleaseProtocol,
+             "rstar2-paper": PaperProtocol, "template": TemplateProtocol}
+FORMATS = tuple(PROTOCOLS)  # the format profiles: `--format` on chat, serve, eval, train
+FIXED_TEMPLATE = (ReleaseProtocol.name, PaperProtocol.name)  # rendered by release_format, not the model's template
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -165,11 +175,11 @@ def truncate(text: str, limit: int) -> str:
 
 def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: str) -> str:
     """The text the model reads for one call: an error, or status, stdout, stderr and time, each cut."""
-    if protocol == ReleaseProtocol.name:
-        return ReleaseProtocol.result_text(call, result, max_chars)
+    if protocol in FIXED_TEMPLATE:
+        return PROTOCOLS[protocol].result_text(call, result, max_chars)
     if call.error is not None:
         body = {"name": call.name or None, "status": "failure", "error": call.error}
-        return json.dumps(body, ensure_ascii=False) if protocol == "hermes" else f"Error: {call.error}"
+        return f"Error: {call.error}" if protocol == "markdown" else json.dumps(body, ensure_ascii=False)
     assert result is not None
     stdout, stderr = truncate(result.stdout, max_chars), truncate(result.stderr, max_chars)
     if protocol == "markdown":
@@ -235,26 +245,31 @@ class ChatFormat:
             raise ValueError(f"unknown tool protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
         self.tokenizer = tokenizer
         self.protocol = PROTOCOLS[protocol]()
-        self.release = protocol == ReleaseProtocol.name  # renders with the release's template, not the model's
+        self.release = protocol == ReleaseProtocol.name
+        self.fixed = protocol in FIXED_TEMPLATE  # the release's template (or the paper's variant), not the model's
+        self.own_template = protocol == TemplateProtocol.name  # the model's template with tools=, as vLLM renders
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
         if tools is None:
-            tools = release_format.default_tools() if self.release else default_tools()
+            tools = {ReleaseProtocol.name: release_format.default_tools, PaperProtocol.name: paper_format.default_tools
+                     }.get(protocol, default_tools)()
         self.tools = tools
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.eos_token_id
         self.stop_token_ids: list[int] = []  # ids that end a turn besides the engine's end of sequence
-        if self.release:  # the template ends every turn with <|im_end|>, whatever the tokenizer's eos is
+        if self.fixed:  # the template ends every turn with <|im_end|>, whatever the tokenizer's eos is
             end = tokenizer.convert_tokens_to_ids("<|im_end|>")
             if isinstance(end, int) and end != tokenizer.unk_token_id:
                 self.eos_text, self.eos_id, self.stop_token_ids = "<|im_end|>", end, [end]
-        self._after_assistant = "" if self.release else self._probe_turn_suffix()
+        self._after_assistant = "" if self.fixed or self.own_template else self._probe_turn_suffix()
 
     def _apply(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                tools: list[dict[str, Any]] | None = None) -> str:
-        if self.release:
-            return release_format.render(messages, self.tools if tools is None else tools, add_generation_prompt)
+        tools = self.tools if tools is None else tools
+        if self.fixed:
+            return release_format.render(messages, tools, add_generation_prompt, prefix_assistant=self.release)
+        extra = {"tools": tools or None} if self.own_template else {}
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt, **extra)
 
     def _probe_turn_suffix(self) -> str:
         """What the template puts between an assistant's content and the next user turn's content, and after
@@ -271,14 +286,15 @@ class ChatFormat:
 
     def user_content(self, problem: str) -> str:
         """A user turn for a problem: wrapped as rStar2 asks (the release's template wraps it itself)."""
-        return problem if self.release else USER_TEMPLATE.format(problem=problem)
+        return problem if self.fixed or self.own_template else USER_TEMPLATE.format(problem=problem)
 
     def messages_for(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                      ) -> list[dict[str, str]]:
         """A problem (wrapped as rStar2 asks) or OpenAI-style messages -> plain role/content messages (for the
-        release's template: messages with their tool calls, arguments as objects, as vLLM gives templates)."""
-        if self.release:
-            return _release_messages(prompt)
+        release's template and the model's own: messages with their tool calls, arguments as objects, as vLLM gives
+        templates; a problem is the user's text alone)."""
+        if self.fixed or self.own_template:
+            return _structured_messages(prompt)
         if isinstance(prompt, str):
             return [{"role": "system", "content": self.system_prompt(tools)},
                     {"role": "user", "content": self.user_content(prompt)}]
@@ -314,14 +330,36 @@ class ChatFormat:
     def tool_response_ids(self, results: list[str], turn_ended_with_eos: bool, turn_text: str = "") -> list[int]:
         """The exact ids inserted after an assistant turn: for hermes the end of that turn, a user turn of
         <tool_response> blocks and the next assistant header; for markdown the output block."""
-        if self.release:
+        if self.release:  # the release's loop: right after the model's <|im_end|>, no newline
             return self.encode(release_format.tool_response_text(results))
+        if self.fixed:  # the paper's profile: as its template renders the whole conversation (SFT renders that too)
+            end = "\n" if turn_ended_with_eos else self.eos_text + "\n"
+            return self.encode(end + release_format.tool_response_text(results))
+        if self.own_template:
+            return self.encode(self._template_results(results, turn_ended_with_eos))
         if not self.protocol.user_turn_results:
             return self.encode(self.protocol.results_text(results, turn_text))
         text = self._after_assistant.replace(_MARK_C, self.protocol.results_text(results))
         if turn_ended_with_eos and text.startswith(self.eos_text):
             text = text[len(self.eos_text):]
         return self.encode(text)
+
+    def _template_results(self, results: list[str], turn_ended_with_eos: bool) -> str:
+        """The model's template rendering `tool` messages after an assistant turn with calls, from the end of that
+        turn to the next assistant header (the ids vLLM's chat endpoint would put there on the next request)."""
+        name = (self.tools[0].get("function", self.tools[0])["name"]) if self.tools else "tool"
+        ids = [f"call_{i}" for i in range(len(results))]
+        probe = [{"role": "user", "content": "A"},
+                 {"role": "assistant", "content": _MARK_B, "tool_calls": [
+                     {"id": i, "type": "function", "function": {"name": name, "arguments": {}}} for i in ids]},
+                 *({"role": "tool", "tool_call_id": i, "content": r} for i, r in zip(ids, results, strict=True))]
+        text = self._apply(probe, add_generation_prompt=True)
+        end = text.find(self.eos_text, text.index(_MARK_B) + len(_MARK_B))
+        if end < 0:
+            raise ValueError(f"the chat template does not end an assistant turn with {self.eos_text!r}; the template "
+                             "profile cannot insert tool results token-exactly: use --format hermes")
+        text = text[end:]
+        return text[len(self.eos_text):] if turn_ended_with_eos else text
 
     def parse(self, text: str, max_calls: int, tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
         try:
@@ -345,16 +383,19 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
-def _release_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _structured_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     out = []
     for m in prompt:
         msg = {"role": m.get("role"), "content": _text(m.get("content"))}
         if m.get("tool_calls"):
-            msg["tool_calls"] = [{"function": {"name": c["function"]["name"],
+            msg["tool_calls"] = [{"id": c.get("id", f"call_{j}"), "type": "function",
+                                  "function": {"name": c["function"]["name"],
                                                "arguments": _args(c["function"].get("arguments"))}}
-                                 for c in m["tool_calls"]]
+                                 for j, c in enumerate(m["tool_calls"])]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return out
 

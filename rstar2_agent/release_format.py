@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from .sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL, response
+from .sandbox.tools import STATELESS_TOOL as PAPER_TOOL
 from .sandbox.types import ExecResult
 from .tool_calls import ToolCall
 
@@ -63,7 +64,9 @@ def _json(value: Any) -> str:
 
 
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           add_generation_prompt: bool) -> str:
+           add_generation_prompt: bool, prefix_assistant: bool = True) -> str:
+    """The release's template. `prefix_assistant=False` (the rstar2-paper profile) leaves assistant turns without
+    tool calls as written: the release template's prefix on them is a quirk of its code, not in the paper."""
     first = messages[0] if messages else {}
     system = first.get("content") if first.get("role") == "system" else None
     if tools:
@@ -73,7 +76,10 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
         out = ["<|im_start|>system\n", DEFAULT_SYSTEM if system is None else system, "<|im_end|>\n"]
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
-        if role == "user" or (role == "system" and i > 0) or (role == "assistant" and not m.get("tool_calls")):
+        plain_assistant = role == "assistant" and not m.get("tool_calls")
+        if plain_assistant and not prefix_assistant:
+            out.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
+        elif role == "user" or (role == "system" and i > 0) or plain_assistant:
             out.append(f"<|im_start|>{role}\n{PROBLEM_PREFIX}{content}<|im_end|>\n")
         elif role == "assistant":
             out.append("<|im_start|>assistant" + (f"\n{content}" if content else ""))
@@ -94,6 +100,7 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
 
 
 def tool_response_text(results: list[str]) -> str:
+    """The same for the release and the paper's profile (tool turns and the generation prompt only)."""
     return render([{"role": "tool", "content": r} for r in results], None, True)[len(render([], None, False)):]
 
 
@@ -122,20 +129,29 @@ class ReleaseProtocol:
                 obj = json.loads(m.group(1))
                 name, args = obj["name"], obj["arguments"]
             except Exception as e:  # noqa: BLE001 - the release answers any failure with its message
-                calls.append(ToolCall("", {}, m.group(0), f"Failed to decode tool call: {e}"))
+                calls.append(ToolCall("", {}, m.group(0), self.failure(f"Failed to decode tool call: {e}")))
                 continue
             calls.append(self._call(name, args, m.group(0), tools))
         return calls[:max_calls]
 
+    python_tool = RELEASE_TOOL  # the profile's own Python tool; the other profile's name for it is answered too
+    alias = PAPER_TOOL
+
     @staticmethod
-    def _call(name: Any, args: Any, raw: str, tools: list[dict[str, Any]]) -> ToolCall:
+    def failure(message: str) -> str:
+        """How the profile words a call it could not run (the release's loop: the message as it is)."""
+        return message
+
+    def _call(self, name: Any, args: Any, raw: str, tools: list[dict[str, Any]]) -> ToolCall:
         """A decoded call, or the error the release's tool runner answers it with."""
         known = {t.get("function", t).get("name") for t in tools}
         arguments = args if isinstance(args, dict) else {}
+        if name == self.alias and self.alias not in known and self.python_tool in known:
+            name = self.python_tool  # the release and the paper name the same tool differently: answer both
         try:
             if name not in known:
                 raise KeyError(name)
-            if name != RELEASE_TOOL:  # a client's or a benchmark's function: its arguments as written
+            if name != self.python_tool:  # a client's or a benchmark's function: its arguments as written
                 if not isinstance(args, dict):
                     raise TypeError(f"the arguments of {name} must be a JSON object, not {type(args).__name__}")
                 return ToolCall(name, args, raw)
@@ -143,11 +159,14 @@ class ReleaseProtocol:
             if not isinstance(code, str):
                 code.encode()
         except Exception as e:  # noqa: BLE001 - as the release's loop words it
-            return ToolCall(str(name), arguments, raw, f"Error when executing tool: {e}")
+            return ToolCall(str(name), arguments, raw, self.failure(f"Error when executing tool: {e}"))
         if stdin is not None and not isinstance(stdin, str):
-            return ToolCall(str(name), arguments, raw, "Tool call failure\nreason: invalid_input\n"
-                            "execution time: 0.00s")
+            return ToolCall(str(name), arguments, raw, self.invalid_input())
         return ToolCall(name, {"code": code, "input": stdin or ""}, raw)
+
+    @staticmethod
+    def invalid_input() -> str:
+        return "Tool call failure\nreason: invalid_input\nexecution time: 0.00s"
 
     @staticmethod
     def result_text(call: ToolCall, result: ExecResult | None, max_chars: int) -> str:

@@ -296,7 +296,7 @@ class ChatRequest(_Request):
     # extensions (extra_body)
     max_turns: int | None = Field(default=None, ge=1, le=100)
     tool_timeout: float | None = Field(default=None, gt=0, le=600)
-    format: Literal["hermes", "markdown", "rstar2-release"] | None = None
+    format: Literal["hermes", "markdown", "rstar2-release", "rstar2-paper", "template"] | None = None
 
     @field_validator("messages")
     @classmethod

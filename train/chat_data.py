@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.release_format import GENERATION_PROMPT
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +70,34 @@ def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | N
 
 def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
     """Token ids of the whole conversation and the assistant-token mask, from the chat template's text: each
-    assistant message spans from after its header to its end-of-turn token, found by rendering prefixes."""
+    assistant message spans from after its header to its end-of-turn token, found by rendering prefixes. In the
+    rstar2-paper profile every assistant turn opens with the generation prompt's `<reason>` (prompt, not target: the
+    model is always started there), added where a conversation's turn lacks it."""
     if fmt.release:
         raise DataError("SFT in the rstar2-release format is not supported: the release's template prefixes every "
-                        "assistant turn without tool calls with the problem instruction and opens generation with "
-                        "<reason>, so assistant turns do not render prefix by prefix; train with format: hermes")
+                        "assistant turn without tool calls with the problem instruction, so assistant turns do not "
+                        "render prefix by prefix; train with format: rstar2-paper (the same template without that "
+                        "quirk) or hermes")
+    if fmt.own_template:
+        raise DataError("SFT in the template format is not supported (the model's own template decides how calls "
+                        "and results look); train with format: rstar2-paper or hermes")
     messages = fmt.messages_for(record["messages"], record.get("tools"))
+    if fmt.fixed:
+        opener = GENERATION_PROMPT.split("\n", 1)[1]
+        messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
+                    and not m["content"].startswith(opener) else m for m in messages]
     full = fmt._apply(messages, add_generation_prompt=False)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = len(fmt._apply(messages[:i], add_generation_prompt=True))
-        end = start + len(m["content"])
-        if not full.startswith(m["content"], start):
+        prompt = fmt._apply(messages[:i], add_generation_prompt=True)
+        start = len(prompt)
+        if fmt.fixed:  # content, then the calls the template writes back, up to the end of the turn
+            end = full.find(fmt.eos_text, start) if full.startswith(prompt) else -1
+        else:
+            end = start + len(m["content"]) if full.startswith(m["content"], start) else -1
+        if end < 0:
             raise DataError("the chat template does not render conversations prefix by prefix; it cannot be "
                             "used for SFT with assistant-only loss")
         if full.startswith(fmt.eos_text, end):

@@ -1,24 +1,31 @@
-"""The benchmarks `rstar2 eval` knows, by name."""
+"""The benchmarks `rstar2 eval` knows, by name: this is the one list (the commands, the paper's table and the report
+read it)."""
 
 from __future__ import annotations
 
 from .aime24 import AIME24
 from .aime25 import AIME25
 from .base import PAPER, Benchmark, Context, DataError, Outcome, Problem, RunDefaults
+from .bfcl_v3 import BFCLv3
 from .gpqa_diamond import GPQADiamond
 from .hmmt25 import HMMT25
 from .math500 import MATH500
 from .synthetic import Synthetic
 
 __all__ = ["BENCHMARKS", "PAPER", "Benchmark", "Context", "DataError", "Outcome", "Problem", "RunDefaults",
-           "get_benchmark"]
+           "get_benchmark", "get_benchmarks"]
 
-BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond,
+BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond, BFCLv3,
                                                                     Synthetic)}
 
 
-def get_benchmark(name: str) -> Benchmark:
+def get_benchmark(name: str, categories: str = "all") -> Benchmark:
+    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups)."""
     if name not in BENCHMARKS:
         raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} "
                         "(several at once as a comma list)")
-    return BENCHMARKS[name]()
+    return BFCLv3(categories=categories) if name == BFCLv3.name else BENCHMARKS[name]()
+
+
+def get_benchmarks(names: list[str], categories: str = "all") -> dict[str, Benchmark]:
+    return {n: get_benchmark(n, categories) for n in names}

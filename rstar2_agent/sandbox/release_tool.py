@@ -155,11 +155,16 @@ def response(result: ExecResult) -> str:
         parts = ["Tool call failure", f"reason: {REASONS.get(result.status, '')}"]
     if result.stdout:
         parts.append(f"stdout: {result.stdout}")
-    stderr = result.stderr
-    exited = f"the program exited with code {result.exit_code}"  # our sandbox's note; code-judge adds none
-    if result.status == Status.ERROR and stderr.endswith(exited):
-        stderr = stderr[:-len(exited)]
+    stderr = stderr_of(result)
     if stderr:
         parts.append(f"stderr: {stderr}")
     parts.append(f"execution time: {result.duration:.2f}s")
     return "\n".join(parts)
+
+
+def stderr_of(result: ExecResult) -> str:
+    """The program's stderr without our sandbox's closing note on a non-zero exit (code-judge adds none)."""
+    exited = f"the program exited with code {result.exit_code}"
+    if result.status == Status.ERROR and result.stderr.endswith(exited):
+        return result.stderr[:-len(exited)]
+    return result.stderr
