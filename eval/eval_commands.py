@@ -53,7 +53,7 @@ _RUN_OPTIONS = [
                  "BFCL v3 1)."),
     click.option("--temperature", type=click.FloatRange(0), default=None, help=f"{BY_BENCHMARK} (0.6; BFCL v3 0)."),
     click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
-                 help=f"{BY_BENCHMARK} (0.95; BFCL v3 1)."),
+                 help=f"{BY_BENCHMARK} (1: the paper gives none)."),
     click.option("--max-tokens", type=click.IntRange(1), default=None, help="Response budget per sample (generated "
                  f"and tool tokens). {BY_BENCHMARK} (30720; BFCL v3 4096)."),
     click.option("--max-turns", type=click.IntRange(1), default=None, help=f"{BY_BENCHMARK} (30)."),
@@ -142,16 +142,17 @@ def run_cmd(benchmarks, **o) -> None:
 @eval_group.command("paper")
 @run_options
 def paper_cmd(**o) -> None:
-    """The paper's table for rStar2-Agent-14B (AIME24 80.6, AIME25 69.8, HMMT25 52.7, GPQA-Diamond 60.9, BFCL v3
-    60.8): runs (or resumes) each benchmark with its own defaults, as `rstar2 eval BENCH` would (the same runs in the
-    store), then prints ours beside the paper's: pass@1 averaged over each problem's samples in percent (BFCL v3: its
-    weighted overall), a 95% interval over problems (the unit sampled, so 16 samples of 30 problems are 30
-    observations: Wilson's interval when every problem scored 0 or 1, as with one sample each, else Student's t over
-    the per-problem accuracies; BFCL v3: a bootstrap of items within categories) and whether the paper's number is
-    inside it. Defaults: AIME24/AIME25/HMMT25/GPQA-Diamond (and MATH-500) the paper's avg@16 at temperature 0.6,
-    top_p 0.95, 30 turns, 30720 tokens (the release's eval script); BFCL v3 as its leaderboard runs it, one greedy
-    sample, 4096 tokens. A benchmark without data is skipped with the reason. --limit K: a smoke run on the first K
-    problems of each (BFCL: of each category)."""
+    """The paper's table for rStar2-Agent-14B (AIME24 80.6, AIME25 69.8, HMMT25 52.7, MATH-500 97.8, GPQA-Diamond
+    60.9, BFCL v3 60.8): runs (or resumes) each benchmark with its own defaults, as `rstar2 eval BENCH` would (the
+    same runs in the store), then prints ours beside the paper's: pass@1 averaged over each problem's samples in
+    percent (BFCL v3: its weighted overall), a 95% interval over problems (the unit sampled, so 16 samples of 30
+    problems are 30 observations: Wilson's interval when every problem scored 0 or 1, as with one sample each, else
+    Student's t over the per-problem accuracies; BFCL v3: a bootstrap of items within categories) and whether the
+    paper's number is inside it. Defaults: AIME24/AIME25/HMMT25/MATH-500/GPQA-Diamond the paper's avg@16 at
+    temperature 0.6, 30 turns, 30720 tokens (the release's eval script), top_p 1 (the paper gives none); BFCL v3 as
+    its leaderboard runs it, one greedy sample, 4096 tokens. It says which format profile it used for the model, and
+    why. A benchmark without data is skipped with the reason. --limit K: a smoke run on the first K problems of each
+    (BFCL: of each category)."""
     from rstar2_agent.store import Store
 
     from .paper import paper_table, run_paper
@@ -165,11 +166,21 @@ def paper_cmd(**o) -> None:
     rows = run_async(go())
     console = wide_console()
     console.print(paper_table(rows, f"rStar2-Agent paper vs {source.label()}"))
+    console.print(f"format {paper_format_line(source, cfg, o['format_name'])}", soft_wrap=True)
     for r in rows:
         if r.skipped:
             console.print(f"{r.benchmark} skipped: {r.skipped}", soft_wrap=True)
     if all(r.skipped for r in rows):
         raise click.ClickException("no benchmark could run: give their data with --data-dir (see above)")
+
+
+def paper_format_line(source, cfg, given: str | None) -> str:
+    """Which format profile the paper's table ran in for this model, and why."""
+    from rstar2_agent.models import format_reason
+
+    if cfg.api == "chat":
+        return "(--api chat): the chat server renders the conversation with its own template and tool parser"
+    return format_reason(source.model, given, cfg.format or "?")
 
 
 @eval_group.command("report")

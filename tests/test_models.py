@@ -47,3 +47,17 @@ def test_a_finished_run_says_how_to_reach_it(tmp_path, monkeypatch):
     assert _reach("runs/my-rl", "runs/my-rl/step-4").endswith("rstar2 chat --model my-rl")
     monkeypatch.chdir(tmp_path / "runs")  # from elsewhere the name would not resolve: the path
     assert _reach(str(out), str(out / "step-4")).endswith(f"--model {out / 'step-4'}")
+
+
+def test_format_reason_says_where_each_model_s_format_comes_from(tmp_path, monkeypatch):
+    from rstar2_agent.models import format_reason
+
+    monkeypatch.chdir(tmp_path)
+    assert format_reason("rstar2-agent-14b", None, "rstar2-paper").startswith(
+        "rstar2-paper: the registry's profile for rstar2-agent-14b (the public checkpoint was trained in the paper's")
+    given = format_reason("rstar2-agent-14b", "rstar2-release", "rstar2-release")
+    assert given == "rstar2-release: given with --format"
+    (tmp_path / "runs" / "mine" / "last").mkdir(parents=True)
+    (tmp_path / "runs" / "mine" / "last" / "rstar2.json").write_text('{"format": "hermes"}')
+    assert "the format the checkpoint was trained in" in format_reason("mine", None, "hermes")
+    assert "--format template" in format_reason("org/unknown-model", None, "hermes")

@@ -26,12 +26,15 @@ class RunDefaults:
     max_turns: int  # assistant turns
 
 
-# rStar2-Agent's evaluation (arXiv 2508.20722, "rStar2-Agent: Agentic Reasoning Technical Report"): pass@1
-# averaged over 16 samples (avg@16) at temperature 0.6, top_p 0.95, up to 30 assistant turns (paper). The
-# response budget is the release's: its examples/aime_eval.sh runs data.max_response_length=30720 with
-# actor_rollout_ref.rollout.val_kwargs.n=16 (the paper says 30K). Deviation we keep: the release's trainer config
-# leaves multi_turn.max_assistant_turns at 5 and that script does not raise it; we follow the paper's 30.
-PAPER = RunDefaults(n=16, temperature=0.6, top_p=0.95, max_tokens=30720, max_turns=30)
+# rStar2-Agent's evaluation (arXiv 2508.20722, section 5.1): math and GPQA-Diamond with the Figure 3 prompt, pass@1
+# averaged over 16 samples (avg@16) at temperature 0.6, up to 30 assistant turns. The paper gives no top-p: we
+# sample the full distribution (top_p 1, also verl's validation default, which the release's eval script keeps);
+# earlier versions of this project credited top_p 0.95 to the paper, wrongly (runs stored with it resume with
+# --top-p 0.95). The response budget is the release's: its examples/aime_eval.sh runs
+# data.max_response_length=30720 with actor_rollout_ref.rollout.val_kwargs.n=16 (the paper says 30K). Deviation we
+# keep: the release's trainer config leaves multi_turn.max_assistant_turns at 5 and that script does not raise it;
+# we follow the paper's 30.
+PAPER = RunDefaults(n=16, temperature=0.6, top_p=1.0, max_tokens=30720, max_turns=30)
 
 
 class DataError(RuntimeError):

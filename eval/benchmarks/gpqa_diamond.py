@@ -21,8 +21,8 @@ class GPQADiamond(Benchmark):
     hub_id, hub_config, split, file = "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa_diamond.jsonl"
     columns = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
                "Incorrect Answer 3")
-    # An assumption, not a citation: the release ships no GPQA script and we found no GPQA-specific settings in
-    # the paper, so GPQA-Diamond gets its math settings (avg@16, T 0.6, top_p 0.95, 30 turns, 30720 tokens).
+    # The paper's (section 5.1): GPQA-Diamond is run as the math benchmarks are, with the Figure 3 prompt, avg@16,
+    # T 0.6, 30 turns, 30K tokens (top_p and the 30720-token budget as for math: see base.PAPER).
     defaults = PAPER
 
     def problem(self, row, index):
