@@ -192,6 +192,37 @@ def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: 
     return json.dumps(body, ensure_ascii=False)
 
 
+# ---------------------------------------------------------------------------------------------- records
+# SFT records (OpenAI-style messages) may carry what a turn was made of, so one record set teaches any format profile:
+# a user turn's `problem` (each profile wraps it its own way) and a tool turn's `result` (an ExecResult as a dict:
+# each profile writes its own tool response text). `for_format` writes those turns as the profile does.
+def problem_message(problem: str) -> dict[str, Any]:
+    return {"role": "user", "content": USER_TEMPLATE.format(problem=problem), "problem": problem}
+
+
+def tool_message(call_id: str, name: str, result: Any) -> dict[str, Any]:
+    """A tool turn for a call that ran (result: an ExecResult), written as hermes writes it, with the raw result."""
+    text = format_result(ToolCall(name, {}, id=call_id), result, HermesProtocol.max_tool_output_chars, "hermes")
+    shown = {k: v for k, v in result.to_dict().items() if k in ("status", "stdout", "stderr", "exit_code", "duration")}
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "result": shown}
+
+
+def for_format(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from .sandbox.types import ExecResult
+
+    out = []
+    for m in messages:
+        if m.get("role") == "user" and isinstance(m.get("problem"), str):
+            m = {**m, "content": fmt.user_content(m["problem"])}
+        elif m.get("role") == "tool" and isinstance(m.get("result"), dict):
+            name = fmt.tools[0].get("function", fmt.tools[0])["name"] if fmt.tools else m.get("name", "")
+            call = ToolCall(name, {}, id=m.get("tool_call_id", ""))
+            m = {**m, "content": format_result(call, ExecResult.from_dict(m["result"]),
+                                               fmt.protocol.max_tool_output_chars, fmt.protocol.name)}
+        out.append(m)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- answers
 def last_boxed(text: str) -> str | None:
     """The content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""

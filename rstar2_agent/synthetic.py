@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_format import SYSTEM_PROMPT, USER_TEMPLATE, ToolCall, default_tools, format_result
+from .chat_format import default_tools, problem_message, tool_message
 from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecResult, Status
 
@@ -119,17 +119,14 @@ def problems(seed: int, n: int) -> list[SynthProblem]:
 
 def conversation(p: SynthProblem, r: random.Random) -> dict[str, Any]:
     """One OpenAI-style chat record (messages with tool_calls and a tool turn, plus tools)."""
-    args = {"code": p.code}
-    call = ToolCall(STATELESS_TOOL, args, id=f"call_{p.id}")
-    result = format_result(call, ExecResult(Status.OK, stdout=p.answer + "\n", duration=0.01), 2048, "hermes")
-    openai_call = {"id": call.id, "type": "function",
+    args, call_id = {"code": p.code}, f"call_{p.id}"
+    openai_call = {"id": call_id, "type": "function",
                    "function": {"name": STATELESS_TOOL, "arguments": json.dumps(args)}}
-    return {
+    return {  # no system turn: each format profile gives its own (hermes: SYSTEM_PROMPT with the tools)
         "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": USER_TEMPLATE.format(problem=p.question)},
+            problem_message(p.question),
             {"role": "assistant", "content": r.choice(OPENERS), "tool_calls": [openai_call]},
-            {"role": "tool", "tool_call_id": call.id, "content": result},
+            tool_message(call_id, STATELESS_TOOL, ExecResult(Status.OK, stdout=p.answer + "\n", duration=0.01)),
             {"role": "assistant", "content": f"<answer>The answer is \\boxed{{{p.answer}}}.</answer>"},
         ],
         "tools": default_tools(),

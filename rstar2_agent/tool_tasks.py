@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_format import SYSTEM_PROMPT, USER_TEMPLATE, ToolCall, default_tools, format_result
+from .chat_format import default_tools, problem_message, tool_message
 from .sandbox import LocalSandbox, SandboxConfig, SandboxError
 from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecRequest, ExecResult, Sandbox
@@ -197,16 +197,12 @@ def _call_message(content: str, call_id: str, code: str, stdin: str) -> dict[str
 
 
 def _reply(call_id: str, result: ExecResult) -> dict[str, Any]:
-    shown = dataclasses.replace(result, duration=RENDERED_DURATION)
-    call = ToolCall(STATELESS_TOOL, {}, id=call_id)
-    return {"role": "tool", "tool_call_id": call_id, "content": format_result(call, shown, 2048, "hermes")}
+    return tool_message(call_id, STATELESS_TOOL, dataclasses.replace(result, duration=RENDERED_DURATION))
 
 
 def conversation(p: ToolProblem, opener: str, bug: Bug | None, results: list[ExecResult]) -> dict[str, Any]:
     """One chat record; `results` are the sandbox's results of the calls it makes (the bug's first, if any)."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": USER_TEMPLATE.format(problem=p.question)}]
+    messages: list[dict[str, Any]] = [problem_message(p.question)]  # each profile gives its own system turn
     codes = [bug.code, p.code] if bug else [p.code]
     texts = [opener, bug.diagnosis] if bug else [opener]
     for k, (code, text, result) in enumerate(zip(codes, texts, results, strict=True)):

@@ -175,3 +175,20 @@ def test_rstar2_chat_template_format_sends_the_user_text_alone_plus_the_tool(smo
     expected = smol_tokenizer.apply_chat_template([{"role": "user", "content": q}], tools=[STATELESS_SCHEMA],
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     assert json.loads(p.stdout)["prompt_ids"] == list(expected)
+
+
+def test_one_record_set_teaches_each_profile_its_own_turns(smol_tokenizer):
+    """Generated SFT records keep the problem and the raw tool result: the paper's profile writes the problem after
+    its prefix and the result as bare output; hermes keeps its own wrapping and JSON result."""
+    from rstar2_agent.synthetic import conversations
+    from rstar2_agent.train.chat_data import render
+
+    record = conversations(0, 1)[0]
+    problem = next(m["problem"] for m in record["messages"] if m["role"] == "user")
+    stdout = next(m["result"]["stdout"] for m in record["messages"] if m["role"] == "tool")
+    paper = smol_tokenizer.decode(render(ChatFormat(smol_tokenizer, "rstar2-paper"), record).ids)
+    assert PROBLEM_PREFIX + problem + "<|im_end|>" in paper and "Please reason step by step" not in paper
+    assert f"<tool_response>\n{stdout}\n</tool_response>" in paper and '"status"' not in paper
+    assert paper.startswith("<|im_start|>system\nA conversation between User and Assistant.")
+    hermes = smol_tokenizer.decode(render(ChatFormat(smol_tokenizer, "hermes"), record).ids)
+    assert "Please reason step by step" in hermes and '"status": "success"' in hermes

@@ -69,7 +69,7 @@ async def test_error_then_fix_records_fail_first_and_succeed_second(sandbox):
     records = await conversations_async(14, 16, error_share=1.0, sandbox=sandbox)
     for p, record in zip(sample, records, strict=True):
         roles = [m["role"] for m in record["messages"]]
-        assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+        assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]  # each profile adds its system
         first, second = _calls(record)
         assert first["input"] == second["input"] == p.stdin and second["code"] == p.code
         bad, good = await sandbox.run(first["code"], first["input"]), await sandbox.run(second["code"], second["input"])
@@ -82,7 +82,7 @@ async def test_error_then_fix_records_fail_first_and_succeed_second(sandbox):
 
 async def test_clean_records_call_once_and_the_share_mixes_the_kinds(sandbox):
     clean = await conversations_async(15, 10, error_share=0.0, sandbox=sandbox)
-    assert all(len(_calls(r)) == 1 and len(r["messages"]) == 5 for r in clean)
+    assert all(len(_calls(r)) == 1 and len(r["messages"]) == 4 for r in clean)
     mixed = await conversations_async(15, 60, sandbox=sandbox)
     fixes = sum(len(_calls(r)) == 2 for r in mixed)
     assert 18 <= fixes <= 42  # about half at the default share

@@ -41,7 +41,8 @@ def test_only_assistant_tokens_are_targets(fmt):
     assert assistant[1]["content"] in target and target.count(fmt.eos_text) == 2  # each turn learns to end
     rest = fmt.decode([i for i, m in zip(ex.ids, ex.mask, strict=True) if not m])
     assert "<tool_response>" in rest and "<tool_response>" not in target  # tool output is never a target
-    assert record["messages"][1]["content"] in rest and "You are a helpful assistant" in rest
+    user = next(m for m in record["messages"] if m["role"] == "user")
+    assert user["content"] in rest and "You are a helpful assistant" in rest
     # the prompt part is the same ids serving renders for this problem
     prompt = fmt.render_prompt(problems(3, 1)[0].question)
     assert ex.ids[:len(prompt)] == prompt and not any(ex.mask[:len(prompt)])

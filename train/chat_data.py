@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.chat_format import ChatFormat, for_format
 from rstar2_agent.release_format import GENERATION_PROMPT
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
     if fmt.own_template:
         raise DataError("SFT in the template format is not supported (the model's own template decides how calls "
                         "and results look); train with format: rstar2-paper or hermes")
-    messages = fmt.messages_for(record["messages"], record.get("tools"))
+    messages = fmt.messages_for(for_format(fmt, record["messages"]), record.get("tools"))
     if fmt.fixed:
         opener = GENERATION_PROMPT.split("\n", 1)[1]
         messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
