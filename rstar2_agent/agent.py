@@ -15,7 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat_format import PROTOCOLS, ChatFormat, ToolCall, answer_blocks, extract_answer, format_result
+from .chat_format import (
+    PROTOCOLS,
+    ChatFormat,
+    ToolCall,
+    answer_blocks,
+    default_extraction,
+    extract_answer,
+    format_result,
+)
 from .engines.base import Engine, EngineError, SamplingParams
 from .engines.scope import one_trajectory
 from .sandbox import release_tool
@@ -116,7 +124,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         traj.add_inserted(inserted)
     else:
         traj.stop_reason = "max_turns"
-    traj.answer = extract_answer(traj.text)
+    traj.answer = extract_answer(traj.text, default_extraction(fmt.protocol.name))
     traj.timings["total"] = time.monotonic() - t_start
     return traj
 

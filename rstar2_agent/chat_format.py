@@ -256,14 +256,27 @@ def format_check(traj: Any) -> dict[str, bool]:
             "answer_block": well_formed_answer(traj.text)}
 
 
-def extract_answer(text: str) -> str | None:
-    """The last \\boxed{} of the last <answer> block, else the last \\boxed{} anywhere."""
+# How the final answer is read from a response. `paper`: the last \\boxed{} of the last <answer> block, nothing without
+# one (the paper's format: the answer block holds the boxed answer). `release`: the release's reward, which checks the
+# whole response: the last \\boxed{} anywhere (verl's prime_math), and where there is none math-verify's own
+# extraction over the whole text (grading/math.py does that part).
+EXTRACTIONS = ("paper", "release")
+
+
+def default_extraction(format_name: str) -> str:
+    """The extraction a format profile's prompt asks for: every profile of ours asks for <answer>\\boxed{}</answer>;
+    the template profile sends the user's text alone, so nothing asks for an answer block there."""
+    return "release" if format_name == TemplateProtocol.name else "paper"
+
+
+def extract_answer(text: str, mode: str = "paper") -> str | None:
+    """The answer a response gives, read as `mode` says (EXTRACTIONS)."""
+    if mode not in EXTRACTIONS:
+        raise ValueError(f"unknown answer extraction {mode!r}; choose one of {', '.join(EXTRACTIONS)}")
+    if mode == "release":
+        return last_boxed(text)
     blocks = answer_blocks(text)
-    if blocks:
-        inside = last_boxed(blocks[-1])
-        if inside is not None:
-            return inside
-    return last_boxed(text)
+    return last_boxed(blocks[-1]) if blocks else None
 
 
 # ---------------------------------------------------------------------------------------------- rendering

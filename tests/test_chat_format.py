@@ -138,15 +138,27 @@ def test_openai_messages_with_tool_calls_and_tool_results(fmt):
 
 
 # ------------------------------------------------------------------ answers
-@pytest.mark.parametrize("text, answer", [
-    ("so <answer>The answer is \\boxed{\\frac{1}{2}}.</answer>", "\\frac{1}{2}"),
-    ("\\boxed{1} then <answer>\\boxed{2}</answer> and \\boxed{3}", "2"),
-    ("no answer block, but \\boxed{x^{2}+1} and \\boxed{7}", "7"),
-    ("<answer>42</answer>", None),
-    ("\\boxed{unclosed", None),
+@pytest.mark.parametrize("text, paper, release", [
+    ("so <answer>The answer is \\boxed{\\frac{1}{2}}.</answer>", "\\frac{1}{2}", "\\frac{1}{2}"),
+    ("\\boxed{1} then <answer>\\boxed{2}</answer> and \\boxed{3}", "2", "3"),
+    ("no answer block, but \\boxed{x^{2}+1} and \\boxed{7}", None, "7"),
+    ("<answer>42</answer>", None, None),
+    ("<answer>\\boxed{5}</answer> then <answer>no box</answer>", None, "5"),
+    ("\\boxed{unclosed", None, None),
 ])
-def test_extract_answer(text, answer):
-    assert extract_answer(text) == answer
+def test_extract_answer_as_the_paper_and_as_the_release(text, paper, release):
+    """The paper: the boxed answer inside the (last) answer block; the release's reward: the last box anywhere."""
+    assert extract_answer(text) == extract_answer(text, "paper") == paper
+    assert extract_answer(text, "release") == release
+
+
+def test_each_profile_s_default_extraction_and_a_bad_mode():
+    from rstar2_agent.chat_format import default_extraction
+
+    assert [default_extraction(f) for f in ("rstar2-paper", "rstar2-release", "hermes", "template")] == [
+        "paper", "paper", "paper", "release"]
+    with pytest.raises(ValueError, match="choose one of paper, release"):
+        extract_answer("x", "prime")
 
 
 def test_last_boxed_handles_nesting():

@@ -36,7 +36,7 @@ def letter_of(answer: str, letters: str = LETTERS) -> str | None:
 
 def grade_choice(text: str, letters: str = LETTERS) -> str | None:
     """The letter the response chose, or None."""
-    boxed = extract_answer(text)
+    boxed = extract_answer(text, "release")  # a letter boxed anywhere counts, as before the stated forms
     if boxed is not None:
         return letter_of(boxed, letters)
     for scope in (*answer_blocks(text)[-1:], text):
