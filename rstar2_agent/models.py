@@ -43,8 +43,9 @@ REGISTRY: dict[str, ModelSpec] = {
     # The public checkpoint (its card serves it with SGLang's qwen25 tool parser and the tool
     # execute_python_code_with_standard_io). It was trained in the paper's framework, before the release's code
     # existed, so it is served and evaluated in the paper's format (paper_format.py), not the release's.
+    # Its context is Qwen3-14B-Base's 32K (the card's hosts list 32768): a 30720-token response and the prompt fit.
     "rstar2-agent-14b": ModelSpec("rstar2-agent-14b", hub_id="rstar2-reproduce/rStar2-Agent-14B", format="rstar2-paper",
-                                  context_length=40960,
+                                  context_length=32768,
                                   format_note="the public checkpoint was trained in the paper's framework, in the "
                                   "format its prompt and trace figures show (the release's code came later)"),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
