@@ -51,6 +51,19 @@ async def until(condition, what: str, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def chat_prompt_ids(question: str, format_name: str) -> list[int]:
+    """`rstar2 chat -p QUESTION --json --format F` on the embedded model (hf engine, 8 tokens): its prompt ids."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--engine", "hf", "-p", question,
+                        "--json", "--format", format_name, "--max-turns", "1", "--max-tokens", "8", "--temperature",
+                        "0"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)["prompt_ids"]
+
+
 def count_prompt(tokenizer) -> list[int]:
     """A short chat prompt's ids ("Count from 1 to 20."), for the engine tests."""
     return tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}],

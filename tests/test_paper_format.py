@@ -5,8 +5,6 @@ sandbox on scripted model turns; the release's template is the oracle for the pa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from rstar2_agent.release_format import PROBLEM_PREFIX, ReleaseProtocol
 from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_SCHEMA
 
-from conftest import ScriptedEngine
+from conftest import ScriptedEngine, chat_prompt_ids
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 TEMPLATE = REFERENCE / "rstar2-release-chat-template.jinja"
@@ -168,13 +166,9 @@ async def test_a_template_trajectory_is_the_template_s_rendering_of_the_whole_co
 @pytest.mark.slow
 def test_rstar2_chat_template_format_sends_the_user_text_alone_plus_the_tool(smol, smol_tokenizer):
     q = "What is 2**10?"
-    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--engine", "hf", "-p", q, "--json",
-                        "--format", "template", "--max-turns", "1", "--max-tokens", "8", "--temperature", "0"],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
     expected = smol_tokenizer.apply_chat_template([{"role": "user", "content": q}], tools=[STATELESS_SCHEMA],
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert json.loads(p.stdout)["prompt_ids"] == list(expected)
+    assert chat_prompt_ids(q, "template") == list(expected)
 
 
 def test_one_record_set_teaches_each_profile_its_own_turns(smol_tokenizer):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL, prog
 from rstar2_agent.sandbox.types import ExecResult, Status
 from rstar2_agent.tool_calls import ToolCall
 
-from conftest import ScriptedEngine
+from conftest import ScriptedEngine, chat_prompt_ids
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 TEMPLATE = REFERENCE / "rstar2-release-chat-template.jinja"
@@ -267,12 +265,8 @@ async def test_a_loop_trajectory_has_the_template_s_ids_at_every_turn(smol_token
 @pytest.mark.slow
 def test_rstar2_chat_prints_the_template_s_prompt_ids(smol, smol_tokenizer):
     q = "What is 2**10?"
-    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--engine", "hf", "-p", q, "--json",
-                        "--format", "rstar2-release", "--max-turns", "1", "--max-tokens", "8", "--temperature", "0"],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
     expected = oracle(smol_tokenizer, [{"role": "user", "content": q}], release_tools(), True, tokenize=True)
-    assert json.loads(p.stdout)["prompt_ids"] == list(expected)
+    assert chat_prompt_ids(q, "rstar2-release") == list(expected)
 
 
 @needs_reference
