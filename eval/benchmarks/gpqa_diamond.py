@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+from rstar2_agent.benchmark_data import SOURCES
 from rstar2_agent.grading.choice import LETTERS, grade_choice
 
 from .base import PAPER, Benchmark, Context, Outcome, Problem, sample_seed
@@ -18,9 +19,7 @@ TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter of the correct opt
 
 class GPQADiamond(Benchmark):
     name = "gpqa_diamond"
-    hub_id, hub_config, split, file = "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa_diamond.jsonl"
-    columns = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
-               "Incorrect Answer 3")
+    source = SOURCES["gpqa_diamond"]
     # An assumption, not a citation: the release ships no GPQA script and we found no GPQA-specific settings in
     # the paper, so GPQA-Diamond gets its math settings (avg@16, T 0.6, top_p 0.95, 30 turns, 30720 tokens).
     defaults = PAPER
