@@ -47,9 +47,12 @@ class Stage:
     steps: int
     max_response_tokens: int = 8192
     max_turns: int = 10
-    data: str = "synthetic"  # the problem generator: synthetic (rstar2_agent/synthetic.py) or tooltasks (tool_tasks.py)
-    data_seed: int = 0  # the generator's problems from this seed
-    data_size: int = 512
+    # a problem generator: synthetic (rstar2_agent/synthetic.py) or tooltasks (tool_tasks.py); or problems: a file of
+    # `rstar2 train problems` (problems:PATH or PATH.jsonl), or sources it curates at the stage start (hub:...,
+    # dapo:PATH, ...; a list for several), cached in `out`
+    data: str | list[str] = "synthetic"
+    data_seed: int = 0  # the generator's problems from this seed; for problems, the seed of the sample
+    data_size: int | None = None  # a generator's count (None: 512); for problems, a sample of this many (0/None: all)
     filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
     reset_optimizer: bool = False
 
@@ -79,6 +82,7 @@ class RLConfig:
     save_every: int = 0  # steps; stage ends always save
     db: str | None = None
     run: str | None = None
+    data_dir: str | None = None  # benchmark mirrors that curating a stage's sources decontaminates against
     distributed: str = "none"  # none: one process (rollout_engine below); ray: distributed.py
     # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
     # continuous batching, the new weights pushed after each update. engine_options: VLLMEngine's (kv_cache_gib...)
@@ -162,11 +166,19 @@ class RLRun:
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
         from rstar2_agent import synthetic, tool_tasks
 
+        from .problems import is_problem_data, sample, stage_problems
+
         generators = {"synthetic": synthetic.problems, "tooltasks": tool_tasks.problems}
-        if stage.data not in generators:
-            raise ValueError(f"stage data must be one of {', '.join(generators)}, not {stage.data!r}")
-        problems = generators[stage.data](stage.data_seed, stage.data_size)
-        all_problems = {p.id: (p.question, p.answer) for p in problems}
+        if is_problem_data(stage.data):
+            curated = sample(stage_problems(stage.data, self.cfg.data_dir, self.cfg.out), stage.data_size,
+                             stage.data_seed)
+            all_problems = {p.id: (p.problem, p.answer) for p in curated}
+        elif stage.data in generators:
+            problems = generators[stage.data](stage.data_seed, 512 if stage.data_size is None else stage.data_size)
+            all_problems = {p.id: (p.question, p.answer) for p in problems}
+        else:
+            raise ValueError(f"stage data must be one of {', '.join(generators)}, a problems file (.jsonl) or "
+                             f"sources (hub:ID, dapo:PATH, ...), not {stage.data!r}")
         if self.pool_ids is not None:
             return {i: all_problems[i] for i in self.pool_ids if i in all_problems}
         return all_problems

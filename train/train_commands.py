@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data|rl|ablation|report|bench`.
+"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report|bench`.
 
 Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
@@ -9,6 +9,7 @@ import logging
 
 import click
 
+from .problems import BENCHMARKS
 from .recipe import RecipeError
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def rl_cmd(recipe, resume, overrides) -> None:
     """GRPO-RoC RL in stages; OVERRIDES are key=value (e.g. roc=false out=runs/grpo prompts_per_step=8)."""
     import asyncio
 
+    from rstar2_agent.benchmark_data import DataError
     from rstar2_agent.models import ModelError
 
     from .rl import RLConfig, run_rl
@@ -74,7 +76,7 @@ def rl_cmd(recipe, resume, overrides) -> None:
     _train("rl", cfg, lambda on_step: asyncio.run(run_rl(cfg, resume=resume, on_step=on_step)),
            lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} loss {m['loss']:+.4f} "
                      f"stage {m['stage']:.0f}",
-           (ModelError, ValueError),
+           (ModelError, ValueError, DataError),
            lambda h: f"rollout accuracy {h[0]['accuracy']:.3f} (first step) -> {h[-1]['accuracy']:.3f} (last) "
                      f"over {len(h)} steps")
 
@@ -219,6 +221,80 @@ def data_cmd(source, out) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     click.echo(f"{len(records)} conversations -> {out}" + (f" ({len(stats.bad_lines)} bad rows skipped: "
                                                           f"{stats.bad_lines[:10]})" if stats.bad_lines else ""))
+
+
+@train_group.command("problems")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Write problems JSONL here.")
+@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+              help="The benchmark mirrors to decontaminate against, as for `rstar2 eval` (else the hub).")
+@click.option("--benchmarks", default=",".join(BENCHMARKS), show_default=True,
+              help="The evaluation sets no training problem may share an 8-gram with (comma list).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the counts, as JSON.")
+def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
+    """RL problems as the paper curated them: integer answers, no duplicates, no overlap with evaluation sets.
+
+    SOURCES, read in order: hub:ID[:CONFIG[:SPLIT]] (open-r1/DAPO-Math-17k-Processed:en, nvidia/OpenMathReasoning,
+    alexandonian/project-euler), or a local copy in the source's own schema, JSONL or Parquet files or a folder of
+    them: dapo:PATH (prompt, reward_model.ground_truth), omr:PATH (problem, expected_answer, problem_type,
+    problem_source), euler:PATH (problem, numerical_answer), problems:PATH (this command's output). Then run
+    `rstar2 train problems-verify` on the OpenMathReasoning part, as the paper did."""
+    from rstar2_agent.benchmark_data import DataError
+
+    from .problems import build
+
+    try:
+        counts = build(sources, out, data_dir, [b.strip() for b in benchmarks.split(",") if b.strip()])
+    except DataError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(counts.as_json()))
+    else:
+        click.echo(f"{counts.kept} of {counts.read} problems -> {out} (dropped: {counts.non_integer} non-integer "
+                   f"answers, {counts.duplicate} duplicates, {counts.contaminated} sharing an 8-gram with "
+                   f"{benchmarks or 'no benchmark'})")
+
+
+@train_group.command("problems-verify")
+@click.argument("problems", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="Write the kept problems here; progress goes to OUT.progress.jsonl (a rerun resumes from it).")
+@click.option("--url", required=True, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
+@click.option("--served-model", default=None, help="The model name on that server (default: its first).")
+@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
+@click.option("--samples", type=click.IntRange(1), default=16, show_default=True, help="Answers per problem.")
+@click.option("--min-agree", type=click.IntRange(1), default=2, show_default=True,
+              help="Keep a problem when at least this many answers reach its label.")
+@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True, help="Problems in flight.")
+@click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Per answer (default: the server's).")
+@click.option("--timeout", type=click.FloatRange(1), default=1800.0, show_default=True,
+              help="Seconds one request (all its samples) may take.")
+def problems_verify_cmd(problems, out, url, served_model, api_key, samples, min_agree, concurrency, temperature,
+                        top_p, max_tokens, timeout) -> None:
+    """Keep the PROBLEMS (a `rstar2 train problems` file) whose answer a strong model reproduces at least
+    --min-agree times in --samples tries: the paper's filter on OpenMathReasoning (Qwen3-32B, 2 of 16)."""
+    import asyncio
+
+    from rstar2_agent.benchmark_data import DataError
+
+    from .problems_verify import VerifyConfig, verify
+
+    cfg = VerifyConfig(url, served_model, samples, min_agree, concurrency, temperature, top_p, max_tokens, timeout,
+                       api_key)
+    bar, on_step = _progress("verify", lambda m: "")
+    try:
+        with bar:
+            counts = asyncio.run(verify(problems, out, cfg, lambda i, n: on_step(i, n, {})))
+    except DataError as e:
+        raise click.ClickException(str(e)) from e
+    if counts.failed:
+        raise click.ClickException(f"{counts.failed} problems got no answer (see the warnings); run the same command "
+                                   f"again to ask only those: the {counts.asked + counts.done_before} done are kept "
+                                   f"in {out}.progress.jsonl")
+    click.echo(f"{counts.kept} of {counts.read} problems kept -> {out} ({counts.asked} asked now, "
+               f"{counts.done_before} recorded before)")
 
 
 def _recipe(cls, recipe: str, overrides: tuple[str, ...]):

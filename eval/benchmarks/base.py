@@ -4,16 +4,14 @@ and graded. Each benchmark is one small file next to this one; the harness (runn
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+# the data part lives in the core (training reads the benchmarks too); its names stay importable from here
+from rstar2_agent.benchmark_data import DATA_ENV, BenchmarkSource, DataError, data_dirs, read_jsonl  # noqa: F401
 from rstar2_agent.trajectory import Trajectory
-
-DATA_ENV = "RSTAR2_DATA_DIR"
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,6 @@ class RunDefaults:
 # keep: the release's trainer config leaves multi_turn.max_assistant_turns at 5 and that script does not raise it;
 # we follow the paper's 30.
 PAPER = RunDefaults(n=16, temperature=0.6, top_p=1.0, max_tokens=30720, max_turns=30)
-
-
-class DataError(RuntimeError):
-    """A benchmark whose data cannot be found or read; the message says where it looked and what to do."""
 
 
 @dataclass(frozen=True)
@@ -83,34 +77,11 @@ def sample_seed(seed: int, problem_id: str, index: int) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def data_dirs(data_dir: str | os.PathLike | None) -> list[Path]:
-    dirs = [data_dir] if data_dir else []
-    if os.environ.get(DATA_ENV):
-        dirs.append(os.environ[DATA_ENV])
-    return [Path(d) for d in dirs]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or replace the file") from e
-    return rows
-
-
 class Benchmark:
     """Subclasses set the data source and implement `problem` and `grade`."""
 
     name: str = ""
-    hub_id: str = ""  # the Hugging Face dataset
-    hub_config: str | None = None
-    split: str = "test"
-    file: str = ""  # the local JSONL mirror (same columns as the hub dataset), looked up in the data dirs
-    columns: tuple[str, ...] = ()  # the columns it reads, for error messages
+    source: BenchmarkSource | None = None  # where its rows come from (rstar2_agent.benchmark_data)
     defaults: RunDefaults = PAPER  # n, sampling and budgets unless flags say otherwise; each benchmark sets its own
 
     def problem(self, row: dict[str, Any], index: int) -> Problem:
@@ -118,25 +89,9 @@ class Benchmark:
 
     def rows(self, data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         """The local JSONL mirror when there is one in the data dirs, else the hub dataset through `datasets`."""
-        dirs = data_dirs(data_dir)
-        for d in dirs:
-            if (d / self.file).is_file():
-                return read_jsonl(d / self.file)
-        try:
-            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-                raise ConnectionError("HF_HUB_OFFLINE is set")  # datasets reads it only when first imported
-            import datasets
-
-            ds = datasets.load_dataset(self.hub_id, self.hub_config, split=self.split)
-            return [dict(r) for r in ds]
-        except Exception as e:  # noqa: BLE001 - offline, gated, missing: all end in the same advice
-            looked = ", ".join(str(d) for d in dirs) or f"nowhere (neither --data-dir nor ${DATA_ENV} is set)"
-            raise DataError(
-                f"no data for {self.name}: no {self.file} in {looked}, and the hub dataset {self.hub_id}"
-                f"{'/' + self.hub_config if self.hub_config else ''} (split {self.split}) could not be loaded "
-                f"({type(e).__name__}: {str(e)[:200]}). Put a JSONL file named {self.file} with the hub's columns "
-                f"({', '.join(self.columns)}) in a folder and pass --data-dir FOLDER or set ${DATA_ENV}, or give "
-                f"this machine access to the Hugging Face Hub.") from e
+        if self.source is None:
+            raise DataError(f"{self.name} has no data source; it makes its own problems")
+        return self.source.rows(data_dir)
 
     def load(self, data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[Problem]:
         problems = [self.problem(r, i) for i, r in enumerate(self.rows(data_dir))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+from rstar2_agent.benchmark_data import SOURCES
 from rstar2_agent.grading.choice import LETTERS, grade_choice
 
 from .base import PAPER, Benchmark, Context, Outcome, Problem, sample_seed
@@ -18,9 +19,7 @@ TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter of the correct opt
 
 class GPQADiamond(Benchmark):
     name = "gpqa_diamond"
-    hub_id, hub_config, split, file = "Idavidrein/gpqa", "gpqa_diamond", "train", "gpqa_diamond.jsonl"
-    columns = ("Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
-               "Incorrect Answer 3")
+    source = SOURCES["gpqa_diamond"]
     # The paper's (section 5.1): GPQA-Diamond is run as the math benchmarks are, with the Figure 3 prompt, avg@16,
     # T 0.6, 30 turns, 30K tokens (top_p and the 30720-token budget as for math: see base.PAPER).
     defaults = PAPER

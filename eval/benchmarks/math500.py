@@ -1,13 +1,14 @@
 """MATH-500: the 500-problem test split of MATH chosen by OpenAI's PRM800K, LaTeX answers."""
 
+from rstar2_agent.benchmark_data import SOURCES
+
 from .base import PAPER, MathBenchmark, Problem
 
 
 class MATH500(MathBenchmark):
     name = "math500"
-    hub_id, split, file = "HuggingFaceH4/MATH-500", "test", "math500.jsonl"
-    columns = ("unique_id", "problem", "answer", "subject", "level")
-    # The paper's math settings (avg@16, T 0.6, top_p 0.95, 30 turns, 30720 tokens). The release's
+    source = SOURCES["math500"]
+    # The paper's math settings (avg@16, T 0.6, 30 turns, 30720 tokens; top_p 1, see base.PAPER). The release's
     # examples/math500_eval.sh keeps the 30720-token budget but does not set val_kwargs.n=16 as its AIME script
     # does (verl's validation default applies); we keep avg@16 so MATH-500 is run like the paper's other math.
     defaults = PAPER
