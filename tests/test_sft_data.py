@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -143,8 +144,13 @@ def test_local_copies_in_parquet_json_and_folders(tmp_path):
     assert len(folder) == 4  # chat and safety files, the reasoning row left out
     ace = converters.load_records(f"toolace:{HUB_DIR / 'Team-ACE/ToolACE/data.json'}")
     assert len(ace) == 3
-    with pytest.raises(DataError, match="huggingface-cli download --repo-type dataset Team-ACE/ToolACE"):
-        converters.load_records("hub:Team-ACE/ToolACE", hub_dir=str(tmp_path))
+    copy = tmp_path / "Team-ACE" / "ToolACE"  # a hub copy with metadata beside its data
+    copy.mkdir(parents=True)
+    (copy / "data.json").write_text((HUB_DIR / "Team-ACE/ToolACE/data.json").read_text())
+    (copy / "dataset_info.json").write_text('{"features": {}}')
+    assert converters.load_records("hub:Team-ACE/ToolACE", hub_dir=str(tmp_path)) == ace
+    with pytest.raises(DataError, match="huggingface-cli download --repo-type dataset Salesforce/APIGen-MT-5k"):
+        converters.load_records("hub:Salesforce/APIGen-MT-5k", hub_dir=str(tmp_path))
 
 
 def test_sampling_is_seeded_sized_and_ordered(caplog):
@@ -255,3 +261,14 @@ async def test_rewrite_resumes_without_asking_twice_against_serve_with_a_scripte
             assert new["messages"][1]["content"] == "NEW " + answer.upper()
         again, stats = await rewrite(records, cfg)
         assert again == out and engine.calls == 6 and (stats.asked, stats.cached) == (0, 6)
+        # the command rewrites the sets the paper rewrote (not ToolACE), from the same cache
+        tulu = "hub:allenai/tulu-3-sft-personas-instruction-following"
+        p = await asyncio.create_subprocess_exec(
+            RSTAR2, "train", "data", "hub:Team-ACE/ToolACE", tulu, "--hub-dir", str(HUB_DIR), "--out",
+            str(tmp_path / "mix.jsonl"), "--json", "--rewrite-url", f"{url}/v1", "--rewrite-model", "rewriter",
+            "--rewrite-cache", cfg.cache, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout, stderr = await asyncio.wait_for(p.communicate(), 300)
+        assert p.returncode == 0, stderr.decode()
+        assert json.loads(stdout)["rewrite"] == {tulu: {"asked": 0, "cached": 6, "empty": 0}}
+        written = [json.loads(line) for line in (tmp_path / "mix.jsonl").read_text().splitlines()]
+        assert written[:3] == hub("Team-ACE/ToolACE") and written[3:] == out and engine.calls == 6

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 
 from .chat_data import PYTHON_TOOL, DataError, DataStats, read_jsonl
 
+log = logging.getLogger(__name__)
 Record = dict[str, Any]
 
 
@@ -243,7 +245,13 @@ def read_rows(path: Path, on_bad_line: str, stats: DataStats, pattern: str | Non
         if not files:
             raise DataError(f"no {', '.join(DATA_SUFFIXES)} files in {path}"
                             + (f" matching {pattern}" if pattern else ""))
-        return [row for f in files for row in read_rows(f, on_bad_line, stats)]
+        rows = []
+        for f in files:
+            try:
+                rows += read_rows(f, on_bad_line, stats)
+            except DataError as e:  # a repository's metadata beside its data (dataset_info.json)
+                log.warning("%s: skipped, %s", f, e)
+        return rows
     if path.suffix == ".parquet":
         import pyarrow.parquet
 

@@ -226,6 +226,7 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
     APIGen-MT, Glaive v2, Magicoder, Tulu 3, Llama-Nemotron), any of them with @N to sample N rows, or mix:paper
     (the paper's SFT mix at its sizes)."""
     import asyncio
+    import dataclasses
 
     from rstar2_agent.chat_format import ChatFormat
     from rstar2_agent.models import ModelError, resolve_model
@@ -246,7 +247,7 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
             for part in parts:
                 if part.hub_id in HUB and HUB[part.hub_id].rewrite:
                     part.records, done = asyncio.run(rewrite(part.records, cfg))
-                    rewritten[part.source] = done.__dict__
+                    rewritten[part.source] = dataclasses.asdict(done)
         from transformers import AutoTokenizer
 
         resolved = resolve_model(model)
