@@ -10,7 +10,7 @@ import json
 import logging
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ from rstar2_agent.chat_format import ChatFormat, for_format
 from rstar2_agent.release_format import GENERATION_PROMPT
 
 log = logging.getLogger(__name__)
+
+# The tool name in records converted from code data (Magicoder): the Python tool of the chat format that renders
+# the record stands in for it (its name differs between format profiles), so one data file serves every format.
+PYTHON_TOOL = "$python_tool"
 
 
 class DataError(ValueError):
@@ -36,11 +40,16 @@ class Example:
 class DataStats:
     lines: int = 0
     bad_lines: list[int] = field(default_factory=list)  # line numbers skipped as malformed
+    filtered: int = 0  # rows a converter leaves out by design (a reasoning row, code that is not Python)
     dropped_long: int = 0
     truncated: int = 0
     examples: int = 0
     tokens: int = 0
     target_tokens: int = 0
+
+    def add(self, other: DataStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | None = None, chat: bool = True
@@ -81,7 +90,7 @@ def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
     if fmt.own_template:
         raise DataError("SFT in the template format is not supported (the model's own template decides how calls "
                         "and results look); train with format: rstar2-paper or hermes")
-    messages = fmt.messages_for(for_format(fmt, record["messages"]), record.get("tools"))
+    messages = fmt.messages_for(for_format(fmt, _with_python_tool(fmt, record["messages"])), record.get("tools"))
     if fmt.fixed:
         opener = GENERATION_PROMPT.split("\n", 1)[1]
         messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
@@ -106,6 +115,16 @@ def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
     enc = fmt.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
     return Example(list(enc["input_ids"]), mask)
+
+
+def _with_python_tool(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with PYTHON_TOOL calls named as the format's Python tool (its first tool)."""
+    if not any(c["function"]["name"] == PYTHON_TOOL for m in messages for c in m.get("tool_calls") or []):
+        return messages
+    name = fmt.tools[0]["function"]["name"]
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "name": name}}
+                                 if c["function"]["name"] == PYTHON_TOOL else c for c in m["tool_calls"]]}
+            if m.get("tool_calls") else m for m in messages]
 
 
 def load_examples(fmt: ChatFormat, records: list[dict[str, Any]], max_len: int, overlong: str = "drop",

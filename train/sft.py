@@ -24,10 +24,10 @@ from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 from rstar2_agent.store import Store
 
-from .chat_data import DataStats, Row, collate, load_examples, pack
-from .converters import load_records
+from .chat_data import DataStats, Row, collate, pack
 from .learner import Learner, OptimConfig, link_last
 from .recipe import dump
+from .sft_mix import load_mix, render_parts, report
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class SFTConfig:
     model: str = "smollm2-135m"  # registry name, folder or hub id
-    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see converters.load_records
+    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see converters.py and sft_mix.py
+    hub_dir: str | None = None  # read hub:ORG/NAME sources from hub_dir/ORG/NAME (local copies of the hub sets)
     seq_len: int = 1024  # packed row length; longer conversations are dropped or truncated (`overlong`)
     micro_batch: int = 4  # packed rows per forward pass
     grad_accum: int = 1  # micro-batches per optimizer step (per process)
@@ -81,13 +82,17 @@ class SFTRun:
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
         if resume and last is None:
             log.warning("nothing to resume in %s: starting from %s", cfg.out, cfg.model)
-        self.stats = DataStats()
-        records = [r for src in cfg.data for r in load_records(src, cfg.on_bad_line, self.stats)]
+        self.parts = load_mix(cfg.data, cfg.seed, cfg.on_bad_line, cfg.hub_dir)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         self.fmt = ChatFormat(tokenizer, cfg.format, resolved.spec.chat_template)
-        examples = load_examples(self.fmt, records, cfg.seq_len, cfg.overlong, self.stats)
+        examples = render_parts(self.fmt, self.parts, cfg.seq_len, cfg.overlong)
+        self.stats = DataStats()
+        for part in self.parts:
+            self.stats.add(part.stats)
+            log.info("%s: %d rows, %d examples, %d tokens", part.source, len(part.records), part.stats.examples,
+                     part.stats.tokens)
         if not examples:
             raise ValueError(f"no usable training examples in {cfg.data} (see the warnings above)")
         self.rows = pack(examples, cfg.seq_len, cfg.seed)
@@ -145,6 +150,7 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
     store = Store(cfg.db) if learner.rank == 0 else None
     run_row = store.open_run(cfg.run or Path(cfg.out).resolve().name, "sft", cfg.model, {},
                              {"recipe": dataclasses.asdict(cfg), "data": dataclasses.asdict(run.stats),
+                              "sources": report(run.parts)["sources"],
                               "rows": len(run.rows), "total_steps": run.total}, kind="sft") if store else None
     trackers = _trackers(cfg) if learner.rank == 0 else []
     history = []

@@ -203,24 +203,78 @@ def report_cmd(run_name, db, png) -> None:
 
 
 @train_group.command("data")
-@click.argument("source")
+@click.argument("sources", nargs=-1, required=True)
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Write chat JSONL here.")
-def data_cmd(source, out) -> None:
-    """Write SOURCE as chat JSONL: synthetic:N[:SEED], FORMAT:path (sharegpt, glaive_v2, toolace, openai) or
-    hub:ORG/NAME (a converter exists for ToolACE, APIGen-MT, Glaive v2, Tulu 3)."""
-    from .chat_data import DataError, DataStats
-    from .converters import load_records
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the SOURCE@N sampling.")
+@click.option("--hub-dir", envvar="RSTAR2_HUB_DIR", default=None,
+              help="Read hub:ORG/NAME from DIR/ORG/NAME, a local copy of the hub repository [env RSTAR2_HUB_DIR].")
+@click.option("--model", default="smollm2-135m", show_default=True, help="Count tokens with this model's tokenizer.")
+@click.option("--format", "format_", default="hermes", show_default=True,
+              help="The format profile the tokens are counted in, as SFT renders them.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows and tokens of each source as JSON.")
+@click.option("--rewrite-url", default=None,
+              help="Rewrite the Tulu 3 and Llama-Nemotron rows with a model at this OpenAI-compatible URL (e.g. "
+                   "http://localhost:8000/v1); off by default.")
+@click.option("--rewrite-model", default=None, help="The model name to ask at --rewrite-url.")
+@click.option("--rewrite-what", type=click.Choice(["prompt", "response", "both"]), default="both", show_default=True)
+@click.option("--rewrite-cache", default=None, help="Answers so far, for resuming [default: OUT.rewrite-cache.jsonl].")
+@click.option("--rewrite-concurrency", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--rewrite-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds per request.")
+def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, rewrite_model, rewrite_what,
+             rewrite_cache, rewrite_concurrency, rewrite_timeout) -> None:
+    """Write SOURCES as one chat JSONL and report the rows and tokens of each. A source is synthetic:N[:SEED],
+    FORMAT:path (sharegpt, glaive_v2, toolace, magicoder, nemotron, openai), hub:ORG/NAME[:split] (ToolACE,
+    APIGen-MT, Glaive v2, Magicoder, Tulu 3, Llama-Nemotron), any of them with @N to sample N rows, or mix:paper
+    (the paper's SFT mix at its sizes)."""
+    import asyncio
+    import dataclasses
 
-    stats = DataStats()
+    from rstar2_agent.chat_format import ChatFormat
+    from rstar2_agent.models import ModelError, resolve_model
+
+    from .chat_data import DataError
+    from .converters import HUB
+    from .rewrite import RewriteConfig, RewriteError, rewrite
+    from .sft_mix import load_mix, render_parts, report
+
+    if rewrite_url and not rewrite_model:
+        raise click.UsageError("--rewrite-url needs --rewrite-model, the model to ask")
     try:
-        records = load_records(source, "skip", stats)
-    except DataError as e:
+        parts = load_mix(sources, seed, "skip", hub_dir)
+        rewritten = {}
+        if rewrite_url:
+            cfg = RewriteConfig(rewrite_url, rewrite_model, rewrite_what, rewrite_cache or f"{out}.rewrite-cache.jsonl",
+                                rewrite_concurrency, rewrite_timeout)
+            for part in parts:
+                if part.hub_id in HUB and HUB[part.hub_id].rewrite:
+                    part.records, done = asyncio.run(rewrite(part.records, cfg))
+                    rewritten[part.source] = dataclasses.asdict(done)
+        from transformers import AutoTokenizer
+
+        resolved = resolve_model(model)
+        fmt = ChatFormat(AutoTokenizer.from_pretrained(resolved.path), format_, resolved.spec.chat_template)
+        render_parts(fmt, parts, max_len=1 << 30)
+    except (DataError, ModelError, RewriteError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     with open(out, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    click.echo(f"{len(records)} conversations -> {out}" + (f" ({len(stats.bad_lines)} bad rows skipped: "
-                                                          f"{stats.bad_lines[:10]})" if stats.bad_lines else ""))
+        for part in parts:
+            for r in part.records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    result = {**report(parts), "out": out, "model": model, "format": format_, "seed": seed}
+    if rewritten:
+        result["rewrite"] = rewritten
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    for r in result["sources"]:
+        asked = f" of {r['available']}" + (f" (asked {r['requested']})" if r["requested"] is not None else "")
+        skipped = f"; {r['bad_rows']} bad rows skipped" if r["bad_rows"] else ""
+        click.echo(f"{r['source']}: {r['rows']} rows{asked}, {r['tokens']} tokens ({r['target_tokens']} trained)"
+                   f"{skipped}" + (f"; rewrite {rewritten[r['source']]}" if r["source"] in rewritten else ""))
+    t = result["total"]
+    click.echo(f"{t['rows']} conversations, {t['tokens']} tokens ({t['target_tokens']} trained) in {format_} "
+               f"with {model}'s tokenizer -> {out}")
 
 
 @train_group.command("problems")

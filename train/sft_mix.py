@@ -1,0 +1,109 @@
+"""The SFT data mix: recipe sources, each sampled to a size with a seed (`SOURCE@N`), `mix:paper` for the mix of
+the paper's non-reasoning SFT (section 4.1), and what each source gives: rows, and tokens as training renders them.
+
+`SOURCE@N` keeps N rows of what SOURCE gives after conversion, drawn without replacement by a generator seeded
+with (seed, SOURCE) and kept in the source's order: the same seed gives the same rows, a source's rows do not
+depend on the other sources, and a source with fewer rows gives them all, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from rstar2_agent.chat_format import ChatFormat
+
+from .chat_data import DataError, DataStats, Example, load_examples
+from .converters import Record, load_records
+
+log = logging.getLogger(__name__)
+
+# The paper's SFT mix (section 4.1): 117K function-calling rows of ToolACE, APIGen-MT-5K and Glaive v2, 48K
+# Magicoder rows as Python tool calls, 30K Tulu 3 instruction following, 27K Llama-Nemotron chat. The split of
+# the 117K is not in what we could read of the paper; our assumption: ToolACE (11.3K rows) and APIGen-MT-5K (5K)
+# whole, Glaive v2 (113K) the rest. Magicoder: Evol-Instruct-110K, as OSS-Instruct-75K has 38K Python rows, fewer
+# than 48K. Tulu 3 instruction following: its persona IF set (29,980 rows; the mixture holds the same rows).
+PAPER_MIX = (
+    "hub:Team-ACE/ToolACE@11300",
+    "hub:Salesforce/APIGen-MT-5k@5000",
+    "hub:glaiveai/glaive-function-calling-v2@100700",
+    "hub:ise-uiuc/Magicoder-Evol-Instruct-110K@48000",
+    "hub:allenai/tulu-3-sft-personas-instruction-following@30000",
+    "hub:nvidia/Llama-Nemotron-Post-Training-Dataset:chat@27000",
+)
+
+
+@dataclass
+class Part:
+    """One source's rows after sampling, and its counts."""
+    source: str  # as given, with its @N
+    records: list[Record]
+    requested: int | None  # the N of @N
+    available: int  # rows the source gave before sampling
+    stats: DataStats = field(default_factory=DataStats)
+
+    @property
+    def hub_id(self) -> str | None:
+        return self.source.removeprefix("hub:").split(":")[0].split("@")[0] if self.source.startswith("hub:") else None
+
+    def report(self) -> dict[str, Any]:
+        s = self.stats
+        return {"source": self.source, "rows": len(self.records), "requested": self.requested,
+                "available": self.available, "bad_rows": len(s.bad_lines), "filtered": s.filtered,
+                "examples": s.examples, "dropped_long": s.dropped_long, "tokens": s.tokens,
+                "target_tokens": s.target_tokens}
+
+
+def expand(sources: list[str] | tuple[str, ...]) -> list[str]:
+    """The sources with `mix:paper` replaced by its entries."""
+    out = []
+    for source in sources:
+        if source.startswith("mix:"):
+            if source != "mix:paper":
+                raise DataError(f"unknown mix {source!r}: the one mix is mix:paper ({', '.join(PAPER_MIX)})")
+            out += PAPER_MIX
+        else:
+            out.append(source)
+    return out
+
+
+def split_size(source: str) -> tuple[str, int | None]:
+    """"hub:X@500" -> ("hub:X", 500); a source without @N -> (source, None)."""
+    base, at, n = source.rpartition("@")
+    if not at or not n.isdigit():
+        return source, None
+    return base, int(n)
+
+
+def sample(records: list[Record], n: int | None, seed: int, source: str) -> list[Record]:
+    if n is None or n >= len(records):
+        if n is not None and n > len(records):
+            log.warning("%s: asked for %d rows, it has %d: all are used", source, n, len(records))
+        return records
+    keep = sorted(random.Random(f"{seed}:{source}").sample(range(len(records)), n))
+    return [records[i] for i in keep]
+
+
+def load_mix(sources: list[str] | tuple[str, ...], seed: int = 0, on_bad_line: str = "skip",
+             hub_dir: str | None = None) -> list[Part]:
+    parts = []
+    for source in expand(sources):
+        base, n = split_size(source)
+        stats = DataStats()
+        records = load_records(base, on_bad_line, stats, hub_dir)
+        parts.append(Part(source, sample(records, n, seed, base), n, len(records), stats))
+    return parts
+
+
+def render_parts(fmt: ChatFormat, parts: list[Part], max_len: int, overlong: str = "drop") -> list[Example]:
+    """Every part's records rendered as training renders them (in order); each part's stats count its examples and
+    tokens."""
+    return [ex for p in parts for ex in load_examples(fmt, p.records, max_len, overlong, p.stats)]
+
+
+def report(parts: list[Part]) -> dict[str, Any]:
+    rows = [p.report() for p in parts]
+    total = {k: sum(r[k] or 0 for r in rows) for k in rows[0] if k != "source"} if rows else {}
+    return {"sources": rows, "total": total}
