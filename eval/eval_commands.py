@@ -270,7 +270,7 @@ def compare_cmd(run_a, run_b, db, top) -> None:
 @click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
-              help="(gold, response) pairs in the grading corpus.")
+              help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
 @click.option("--grading-only", is_flag=True, help="Only the grading figures (no engine).")
 def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers, grading_only) -> None:
     """The harness's wall time against the bare engine on the same samples; graded answers per second through the
@@ -303,7 +303,7 @@ def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rou
             finally:
                 await eng.close()
         with console.status("grading ..."):
-            return row, await bench_grading(answers, data_dir=data_dir)
+            return row, await bench_grading(answers, min(answers, 2_000), data_dir=data_dir)
 
     row, grading = asyncio.run(go())
     if row is not None:
@@ -313,9 +313,10 @@ def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rou
                       f"{row.harness_s:.2f} s ({row.tokens / row.harness_s:.1f} tok/s): "
                       f"harness / bare = {row.ratio:.3f}")
     for g in grading:
-        console.print(f"grading {g.name} ({g.answers} answers, {g.decided} decided by the fast path): fast path "
-                      f"{g.fast_per_s:.0f} answers/s, math-verify in the pool {g.pool_per_s:.0f} answers/s "
+        console.print(f"grading {g.name} ({g.answers} answers, {g.decided} decided by the fast path): with the fast "
+                      f"path {g.fast_per_s:.0f} answers/s, math-verify in the pool only {g.pool_per_s:.0f} answers/s "
                       f"({g.ratio:.1f}x); same verdicts on {g.agree}/{g.answers}", soft_wrap=True)
         for pair, fast, pool in g.differ[:20]:
-            console.print(f"  differs: gold {pair.gold!r}, answer {fast.predicted!r} ({pair.kind}): fast path "
-                          f"{fast.correct}, math-verify {pool.correct} ({pool.error or 'no error'})", soft_wrap=True)
+            console.print(f"  differs: gold {pair.gold!r}, answer {fast.predicted!r} ({pair.kind}): with the fast "
+                          f"path {fast.correct}, math-verify {pool.correct} ({pool.error or 'no error'})",
+                          soft_wrap=True)

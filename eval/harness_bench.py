@@ -38,8 +38,8 @@ class HarnessRow:
 
 async def bench_harness(engine: Engine, fmt: ChatFormat, bench: Benchmark, problems: list[Problem], n: int,
                         max_tokens: int, concurrency: int, rounds: int = 2) -> HarnessRow:
-    cfg = EvalConfig(n=n, temperature=0.6, max_tokens=max_tokens, use_tools=False, concurrency=concurrency,
-                     ignore_eos=True)
+    cfg = EvalConfig(n=n, temperature=0.6, top_p=1.0, max_tokens=max_tokens, max_turns=1, use_tools=False,
+                     concurrency=concurrency, ignore_eos=True)  # top_p as the bare calls' SamplingParams
     items = [(p, i) for p in problems for i in range(n)]
     prompts = {p.id: fmt.render_prompt(bench.prompt(p, 0, cfg.seed)[0], []) for p in problems}
     sem = asyncio.Semaphore(concurrency)

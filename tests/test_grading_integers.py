@@ -141,3 +141,16 @@ async def test_fast_false_sends_every_answer_to_math_verify(monkeypatch):
         assert not g.correct and g.error == "timeout"  # it went to the (stuck) pool
     finally:
         grader.close()
+
+
+def test_eval_bench_prints_both_grading_rows_with_their_agreement():
+    import subprocess
+    import sys
+
+    rstar2 = str(Path(sys.executable).with_name("rstar2"))
+    p = subprocess.run([rstar2, "eval", "bench", "--grading-only", "--answers", "200"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("grading ")]
+    assert len(lines) == 2 and "rollouts, integer golds (200 answers" in lines[0] and "corpus (200 answers" in lines[1]
+    assert all("same verdicts on 200/200" in line and "answers/s" in line for line in lines), p.stdout

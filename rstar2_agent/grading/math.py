@@ -65,7 +65,7 @@ def integer_verdict(predicted: str, gold: str) -> bool | None:
         return None
     text = predicted.strip()
     if len(text) > 2 and text[0] == "$" and text[-1] == "$":
-        text = text[1:-1].strip()
+        text = text[1:-1].strip(" ")
     m = _INT_FORMS.fullmatch(text)
     if m is None:
         return None
