@@ -1,11 +1,9 @@
-"""`rstar2 eval bench`: what the harness costs on top of the engine, and how fast answers are graded.
+"""`rstar2 eval bench`: what the harness costs on top of the engine (grading's figures: grading_bench.py).
 
-(1) Harness against the bare engine, side by side in one process: the same prompts, sampling and per-sample
+Harness against the bare engine, side by side in one process: the same prompts, sampling and per-sample
 seeds, every sample generating exactly max_tokens (ignore_eos, tools off, so both do the same work): (bare)
 `engine.generate` on the rendered prompts with the same concurrency; (harness) `run_benchmark`: the agent loop,
-grading in the process pool, a SQLite write per sample, the progress callback. Rounds alternate the order.
-(2) Graded answers per second: the pool-based MathGrader (extract, parse and verify out of process, each under
-an outside timeout) against math-verify called in-process one by one, on the same answers.
+grading (MathGrader), a SQLite write per sample, the progress callback. Rounds alternate the order.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from pathlib import Path
 
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import Engine, SamplingParams
-from rstar2_agent.grading.math import MathGrader, grade_answer
+from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.store import Store
 
 from .benchmarks import Benchmark, Context, Problem
@@ -40,8 +38,8 @@ class HarnessRow:
 
 async def bench_harness(engine: Engine, fmt: ChatFormat, bench: Benchmark, problems: list[Problem], n: int,
                         max_tokens: int, concurrency: int, rounds: int = 2) -> HarnessRow:
-    cfg = EvalConfig(n=n, temperature=0.6, max_tokens=max_tokens, use_tools=False, concurrency=concurrency,
-                     ignore_eos=True)
+    cfg = EvalConfig(n=n, temperature=0.6, top_p=1.0, max_tokens=max_tokens, max_turns=1, use_tools=False,
+                     concurrency=concurrency, ignore_eos=True)  # top_p as the bare calls' SamplingParams
     items = [(p, i) for p in problems for i in range(n)]
     prompts = {p.id: fmt.render_prompt(bench.prompt(p, 0, cfg.seed)[0], []) for p in problems}
     sem = asyncio.Semaphore(concurrency)
@@ -87,43 +85,3 @@ async def bench_harness(engine: Engine, fmt: ChatFormat, bench: Benchmark, probl
             grader.close()
             store.close()
     return HarnessRow(len(items), tokens[0] // rounds, bare_s / rounds, harness_s / rounds)
-
-
-def answer_pairs(count: int) -> list[tuple[str, str]]:
-    """(response, gold) in the forms graders meet: fractions, decimals, radicals, leading zeros, expressions,
-    intervals, wrong answers."""
-    out = []
-    for i in range(count):
-        a, b = i % 17 + 1, i % 13 + 2
-        out.append([
-            (f"<answer>\\boxed{{\\dfrac{{{a}}}{{{b}}}}}</answer>", f"{a}/{b}"),
-            (f"<answer>\\boxed{{{a * b:03d}}}</answer>", f"{a * b}"),
-            (f"<answer>\\boxed{{{a}\\sqrt{{{b}}}}}</answer>", f"\\sqrt{{{a * a * b}}}"),
-            (f"<answer>\\boxed{{(x+{a})^2}}</answer>", f"x^2+{2 * a}x+{a * a}"),
-            (f"<answer>\\boxed{{[{a}, {a + b})}}</answer>", f"[{a},{a + b})"),
-            (f"<answer>\\boxed{{{a + 1}}}</answer>", f"{a}"),
-        ][i % 6])
-    return out
-
-
-async def bench_grading(count: int = 600) -> tuple[float, float, int]:
-    """(pool answers/s, in-process one-by-one answers/s, correct count)."""
-    import logging
-
-    from rstar2_agent.chat_format import extract_answer
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    pairs = answer_pairs(count)
-    grader = MathGrader()
-    try:
-        await grader.grade("\\boxed{1}", "1")  # processes up
-        t0 = time.perf_counter()
-        grades = await asyncio.gather(*(grader.grade(text, gold) for text, gold in pairs))
-        pool_s = time.perf_counter() - t0
-    finally:
-        grader.close()
-    t0 = time.perf_counter()
-    inline = [grade_answer(extract_answer(text) or "", gold) for text, gold in pairs]
-    inline_s = time.perf_counter() - t0
-    assert [g.correct for g in grades] == inline, "the pool and in-process grading disagree"
-    return count / pool_s, count / inline_s, sum(inline)

@@ -52,11 +52,11 @@ async def test_a_stuck_comparison_times_out_and_the_grader_recovers(monkeypatch)
     grader = MathGrader(workers=1, timeout=1.0)
     try:
         monkeypatch.setattr(math_grading, "_grade", _hang)  # a comparison that never ends
-        stuck = await grader.grade("<answer>\\boxed{1}</answer>", "1")
+        stuck = await grader.grade("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")  # not an integer: the pool
         assert not stuck.correct and stuck.error == "timeout"
         monkeypatch.undo()
         grader.timeout = 20
-        again = await grader.grade("<answer>\\boxed{2}</answer>", "2")
+        again = await grader.grade("<answer>\\boxed{\\frac{2}{4}}</answer>", "0.5")
         assert again.correct
     finally:
         grader.close()

@@ -1,9 +1,16 @@
-"""Math grading with math-verify, run in a process pool with the timeout enforced from outside.
+"""Math grading with math-verify, run in a process pool with the timeout enforced from outside, and a fast path
+for integer golds that decides in the calling process.
 
 The predicted answer is the last \\boxed{} of the last <answer> block (else the last \\boxed{} anywhere), as
 chat_format.extract_answer finds it. math-verify's own timeouts use signals, which break in threads, so they
 are turned off and a stuck comparison is cut by the pool: the call returns `timeout` and the pool's
 processes are replaced.
+
+The fast path (`integer_verdict`): when the gold is strictly an integer ("42", "073", "-5") and the prediction is
+one of a few integer forms, compare integers. Each form is there because math-verify gives the same verdict on it
+for every value (the corpus test in tests/test_grading_integers.py checks it over >10,000 pairs); a form where
+its verdict depends on more than the integer (`\\text{042}` is wrong against 42 but `\\text{42}` right, `-5\\%`
+is wrong against -5, `+7.` against 7, `4\\,2` is read as 4+2) is not one of them and goes to math-verify.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import re
 from dataclasses import dataclass
 
 from ..chat_format import extract_answer
@@ -30,8 +38,49 @@ def _as_latex(text: str) -> str:
     return text if text.startswith("$") else f"${text}$"
 
 
-def grade_answer(predicted: str, gold: str) -> bool:
-    """Is `predicted` (an answer string) equal to `gold` as math? In-process; no timeout of its own."""
+# An integer gold, and the prediction forms the fast path decides: digits 0-9 only (math-verify does not read other
+# scripts' digits), at most 1,000 of them (past Python's int-string limit of 4,300 math-verify's parse fails and it
+# compares strings instead). The sign is -, + or U+2212; one pair of $...$ around the prediction is allowed
+# (math-verify reads the same inside as without).
+_INT_GOLD = re.compile(r"\s*(-?)([0-9]{1,1000})\s*", re.ASCII)
+_INT_FORMS = re.compile(r"""
+    (?P<s1>[-+\u2212]?) (?P<d1>[0-9]{1,1000}) (?:\.0+)?                       # 42, -042, +42.0, -42.000
+  | (?P<d2>[0-9]{1,1000}) (?:\.0*)? (?:\^\\circ|\^\{\\circ\}|\u00b0)? \.?   # 42., 42.0., 42^\circ, 42^{\circ}., 42°
+  | (?P<d3>[0-9]{1,1000}) \\% \.?                                            # 42\%, 42\%. (not -42\%, not 42.0\%)
+  | [A-Za-z] \s*=\s* (?P<s4>[-+\u2212]?) (?P<d4>[0-9]{1,1000})               # x=42, n = -042
+""", re.ASCII | re.VERBOSE)
+
+
+def _signed(sign: str, digits: str) -> tuple[bool, str]:
+    """(negative, digits without leading zeros), -0 being 0."""
+    digits = digits.lstrip("0") or "0"
+    return sign in ("-", "\u2212") and digits != "0", digits
+
+
+def integer_verdict(predicted: str, gold: str) -> bool | None:
+    """math-verify's verdict on `predicted` against `gold`, decided without it when the gold is an integer and the
+    prediction one of the integer forms above; None when this cannot decide (then ask math-verify)."""
+    g = _INT_GOLD.fullmatch(gold)
+    if g is None:
+        return None
+    text = predicted.strip()
+    if len(text) > 2 and text[0] == "$" and text[-1] == "$":
+        text = text[1:-1].strip(" ")
+    m = _INT_FORMS.fullmatch(text)
+    if m is None:
+        return None
+    if m["d1"] is not None:
+        sign, digits = m["s1"], m["d1"]
+    elif m["d4"] is not None:
+        sign, digits = m["s4"], m["d4"]
+    else:
+        sign, digits = "", m["d2"] or m["d3"]
+    return _signed(sign, digits) == _signed(g[1], g[2])
+
+
+def verify_answer(predicted: str, gold: str) -> bool:
+    """math-verify's verdict: is `predicted` (an answer string) equal to `gold` as math? In-process; no timeout of
+    its own."""
     from math_verify import parse, verify
 
     gold_parsed = parse(_as_latex(gold), parsing_timeout=None)
@@ -41,22 +90,30 @@ def grade_answer(predicted: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def grade_answer(predicted: str, gold: str) -> bool:
+    """`verify_answer`, through the integer fast path when it decides."""
+    verdict = integer_verdict(predicted, gold)
+    return verify_answer(predicted, gold) if verdict is None else verdict
+
+
 def _grade(text: str, gold: str) -> MathGrade:
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that its timeouts are off: ours is outside
     predicted = extract_answer(text)
     if predicted is None:
         return MathGrade(False, None, "no_answer")
     try:
-        return MathGrade(grade_answer(predicted, gold), predicted)
+        return MathGrade(verify_answer(predicted, gold), predicted)
     except Exception as e:  # noqa: BLE001 - a parser crash on odd LaTeX is a wrong answer, not a crash
         return MathGrade(False, predicted, f"{type(e).__name__}: {e}")
 
 
 class MathGrader:
-    """`await grader.grade(response_text, gold)`; many at once, each cut at `timeout` seconds."""
+    """`await grader.grade(response_text, gold)`; many at once, each cut at `timeout` seconds. What the integer
+    fast path decides is answered in the calling process at once, never queued behind the pool (`fast=False`:
+    everything goes to math-verify, the baseline `rstar2 eval bench` measures it against)."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 10.0):
-        self.workers, self.timeout = workers or max(1, (os.cpu_count() or 2) // 2), timeout
+    def __init__(self, workers: int | None = None, timeout: float = 10.0, fast: bool = True):
+        self.workers, self.timeout, self.fast = workers or max(1, (os.cpu_count() or 2) // 2), timeout, fast
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -67,8 +124,12 @@ class MathGrader:
         return self._pool
 
     async def grade(self, text: str, gold: str) -> MathGrade:
-        if extract_answer(text) is None:  # nothing to compare: no process needed
+        predicted = extract_answer(text)
+        if predicted is None:  # nothing to compare: no process needed
             return MathGrade(False, None, "no_answer")
+        verdict = integer_verdict(predicted, gold) if self.fast else None
+        if verdict is not None:
+            return MathGrade(verdict, predicted)
         loop = asyncio.get_running_loop()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers)
@@ -79,10 +140,10 @@ class MathGrader:
                     return await asyncio.wait_for(loop.run_in_executor(pool, _grade, text, gold), self.timeout)
                 except TimeoutError:
                     self._reset(pool)
-                    return MathGrade(False, extract_answer(text), "timeout")
+                    return MathGrade(False, predicted, "timeout")
                 except concurrent.futures.process.BrokenProcessPool:
                     self._reset(pool)  # another comparison's timeout took the pool down: once more on a new one
-            return MathGrade(False, extract_answer(text), "grader process died")
+            return MathGrade(False, predicted, "grader process died")
 
     def _reset(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Replace a pool whose worker is stuck: kill its processes (a running task cannot be cancelled)."""
