@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rstar2_agent.chat_format import FORMATS
+from rstar2_agent.chat_format import EXTRACTIONS, FORMATS
 from rstar2_agent.cli_options import engine_option, replica_options
 from rstar2_agent.store import StoreError
 
@@ -60,6 +60,9 @@ _RUN_OPTIONS = [
     click.option("--no-tools", is_flag=True, help="One turn, no Python tool."),
     click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
                  help="Default: the model's (registry)."),
+    click.option("--answer-extraction", type=click.Choice(EXTRACTIONS), default=None,
+                 help="paper: the boxed answer inside the last <answer> block; release: the last box anywhere, else "
+                 "math-verify over the whole response. Default: the format's (template: release; others: paper)."),
     click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per "
                  "category)."),
     click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, "
@@ -89,7 +92,8 @@ def source_and_config(o: dict):
 
     cfg = EvalConfig(n=o["n"], temperature=o["temperature"], top_p=o["top_p"], max_tokens=o["max_tokens"],
                      max_turns=o["max_turns"], use_tools=not o["no_tools"], seed=o["seed"], api=o["api"],
-                     format=o["format_name"] or "", limit=o["limit"], concurrency=o["concurrency"],
+                     format=o["format_name"] or "", answer_extraction=o["answer_extraction"] or "",
+                     limit=o["limit"], concurrency=o["concurrency"],
                      retries=o["retries"])
     source = Source(model=o["model"], engine=o["engine"], urls=list(o["urls"]), replicas=o["replicas"],
                     replica_policy=o["replica_policy"], served_model=o["served_model"], api_key=o["api_key"],

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rstar2_agent.chat_format import default_extraction
 from rstar2_agent.engines.spec import EngineSpec, build
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.models import resolve_model
@@ -96,6 +97,8 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
         else:
             fmt = replace(source, format=cfg.format or None).chat_format(engine, resolve_model(source.model))
             cfg.format = fmt.protocol.name
+        cfg.answer_extraction = cfg.answer_extraction or default_extraction(cfg.format or "hermes")
+        grader.extraction = cfg.answer_extraction
         await sandbox.start()
         for bench in benches:
             bcfg = cfg.resolve(bench.defaults)

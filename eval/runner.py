@@ -38,6 +38,7 @@ class EvalConfig:
     seed: int = 0
     api: str = "completions"  # token level through the core's engines; "chat": client-side over chat completions
     format: str = ""  # "": the model's (registry); set to what was used once the engine is built
+    answer_extraction: str = ""  # "": the format's (chat_format.default_extraction); set once the format is known
     limit: int | None = None  # the first K problems
     concurrency: int = 64  # samples in flight
     retries: int = 3  # per sample, on engine errors
@@ -59,7 +60,8 @@ class EvalConfig:
     def settings(self) -> dict[str, Any]:
         """What the results depend on: a run resumes only with the same settings (n and limit may grow)."""
         self._check_resolved()
-        keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "format")
+        keep = ("temperature", "top_p", "max_tokens", "max_turns", "use_tools", "seed", "api", "format",
+                "answer_extraction")
         return {k: getattr(self, k) for k in keep}
 
     def describe(self) -> str:

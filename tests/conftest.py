@@ -51,6 +51,13 @@ async def until(condition, what: str, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def hang_grade(text: str, gold: str, extraction: str = "paper"):
+    """A math comparison that never ends (it stands in for the grader's `_grade` in its worker processes)."""
+    import time
+
+    time.sleep(60)
+
+
 def chat_prompt_ids(question: str, format_name: str) -> list[int]:
     """`rstar2 chat -p QUESTION --json --format F` on the embedded model (hf engine, 8 tokens): its prompt ids."""
     import json

@@ -15,6 +15,8 @@ from rstar2_agent.eval.grading_bench import NEAR_INTEGER_GOLDS, answer_corpus, f
 from rstar2_agent.grading import math as math_grading
 from rstar2_agent.grading.math import MathGrader, integer_verdict, verify_answer
 
+from conftest import hang_grade
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATA_DIR = str(SHARED) if SHARED.is_dir() else None  # the benchmarks' golds join the corpus when present
 
@@ -109,17 +111,13 @@ def test_fast_path_matches_math_verify_on_the_whole_corpus():
     assert [(p.gold, p.response) for p, _, _ in differ] == DELIBERATE_DISAGREEMENTS, _listing(differ)
 
 
-def _hang(text: str, gold: str):
-    import time
-
-    time.sleep(60)
 
 
 async def test_fast_verdicts_do_not_wait_for_the_pool(monkeypatch):
     """With the only pool process stuck on a comparison, rollout answers on integer golds are still graded."""
     grader = MathGrader(workers=1, timeout=30)
     try:
-        monkeypatch.setattr(math_grading, "_grade", _hang)
+        monkeypatch.setattr(math_grading, "_grade", hang_grade)
         stuck = asyncio.ensure_future(grader.grade("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5"))
         await asyncio.sleep(0.2)
         pairs = rollout_pairs(2_000)
@@ -136,7 +134,7 @@ async def test_fast_verdicts_do_not_wait_for_the_pool(monkeypatch):
 async def test_fast_false_sends_every_answer_to_math_verify(monkeypatch):
     grader = MathGrader(workers=1, timeout=1.0, fast=False)
     try:
-        monkeypatch.setattr(math_grading, "_grade", _hang)
+        monkeypatch.setattr(math_grading, "_grade", hang_grade)
         g = await grader.grade("<answer>\\boxed{42}</answer>", "42")
         assert not g.correct and g.error == "timeout"  # it went to the (stuck) pool
     finally:

@@ -9,6 +9,8 @@ import pytest
 from rstar2_agent.grading import math as math_grading
 from rstar2_agent.grading.math import MathGrader, grade_answer
 
+from conftest import hang_grade
+
 
 @pytest.mark.parametrize("predicted, gold, correct", [
     ("\\frac{1}{2}", "0.5", True),
@@ -42,16 +44,32 @@ async def test_grades_the_answer_block_and_reports_missing_answers(grader):
     assert [g.correct for g in many] == [i % 3 == i for i in range(9)]
 
 
-def _hang(text: str, gold: str):
-    import time
+async def test_the_paper_reads_the_answer_block_and_the_release_reads_the_whole_response():
+    """A box outside any answer block, or no box at all: no answer for the paper's format; the release's reward takes
+    the last box anywhere, then math-verify's own extraction over the whole text."""
+    paper, release = MathGrader(workers=1, timeout=20), MathGrader(workers=1, timeout=20, extraction="release")
+    try:
+        outside = "I computed it: \\boxed{\\frac{1}{2}}"
+        assert (await paper.grade(outside, "0.5")).error == "no_answer"
+        assert (await release.grade(outside, "0.5")).correct
+        unboxed = "So the final answer is $\\frac{1}{2}$."
+        assert (await paper.grade(unboxed, "0.5")).error == "no_answer"
+        found = await release.grade(unboxed, "0.5")
+        assert found.correct and found.predicted is not None
+        assert not (await release.grade(unboxed, "0.25")).correct
+    finally:
+        paper.close()
+        release.close()
+    with pytest.raises(ValueError, match="unknown answer extraction"):
+        MathGrader(extraction="anywhere")
 
-    time.sleep(60)
+
 
 
 async def test_a_stuck_comparison_times_out_and_the_grader_recovers(monkeypatch):
     grader = MathGrader(workers=1, timeout=1.0)
     try:
-        monkeypatch.setattr(math_grading, "_grade", _hang)  # a comparison that never ends
+        monkeypatch.setattr(math_grading, "_grade", hang_grade)  # a comparison that never ends
         stuck = await grader.grade("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")  # not an integer: the pool
         assert not stuck.correct and stuck.error == "timeout"
         monkeypatch.undo()

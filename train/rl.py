@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_agent.agent import AgentConfig, run_agent
-from rstar2_agent.chat_format import ChatFormat, answer_blocks, well_formed_answer
+from rstar2_agent.chat_format import ChatFormat, answer_blocks, default_extraction, well_formed_answer
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
@@ -77,6 +77,7 @@ class RLConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
     format: str = "hermes"
+    answer_extraction: str = ""  # how the reward reads the answer (chat_format.EXTRACTIONS); "": the format's (paper)
     seed: int = 0
     out: str = "runs/rl"
     save_every: int = 0  # steps; stage ends always save
@@ -140,7 +141,7 @@ class RLRun:
         self.pool_ids: list[str] | None = self.state.get("pool")
         self.fmt = ChatFormat(tokenizer, cfg.format, self.resolved.spec.chat_template)
         self.context_length = self.resolved.spec.context_length
-        self.grader = MathGrader()
+        self.grader = MathGrader(extraction=cfg.answer_extraction or default_extraction(cfg.format))
         self.engine: Any = None
         self.sandbox: Any = None
 
@@ -293,7 +294,7 @@ class RLRun:
             **roc_metrics, **upd,
         }
         if store is not None:
-            await asyncio.to_thread(_store_rollouts, store, run_id, step, prompts, groups)
+            await asyncio.to_thread(_store_rollouts, store, run_id, step, prompts, groups, self.grader.extraction)
         return metrics
 
     def save(self, step: int, stage_index: int) -> Path:
@@ -325,14 +326,15 @@ def _tool_error_ratio(trajs: list[Trajectory]) -> float:
     return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
 
 
-def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups) -> None:
+def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups, extraction: str) -> None:
     """Every rollout as a sample of the run (the eval report renders them), stored as eval stores its samples."""
     from rstar2_agent.chat_format import extract_answer
 
     for (pid, question, gold), group in zip(prompts, groups, strict=True):
         for k, (traj, reward) in enumerate(group):
             row = sample_row(run_id, f"step{step:05d}/{pid}", k, traj, correct=reward > 0,
-                             answer=extract_answer(traj.text), gold=gold, details={"question": question, "step": step})
+                             answer=extract_answer(traj.text, extraction), gold=gold,
+                             details={"question": question, "step": step})
             store.add_sample(row, traj.to_dict())
 
 

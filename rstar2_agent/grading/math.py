@@ -1,10 +1,11 @@
 """Math grading with math-verify, run in a process pool with the timeout enforced from outside, and a fast path
 for integer golds that decides in the calling process.
 
-The predicted answer is the last \\boxed{} of the last <answer> block (else the last \\boxed{} anywhere), as
-chat_format.extract_answer finds it. math-verify's own timeouts use signals, which break in threads, so they
-are turned off and a stuck comparison is cut by the pool: the call returns `timeout` and the pool's
-processes are replaced.
+The predicted answer is read as the grader's `extraction` says (chat_format.EXTRACTIONS): `paper`, the last
+\\boxed{} of the last <answer> block; `release`, the release's reward: the last \\boxed{} anywhere, and where there
+is none math-verify's own extraction over the whole response. math-verify's own timeouts use signals, which break
+in threads, so they are turned off and a stuck comparison is cut by the pool: the call returns `timeout` and the
+pool's processes are replaced.
 
 The fast path (`integer_verdict`): when the gold is strictly an integer ("42", "073", "-5") and the prediction is
 one of a few integer forms, compare integers. Each form is there because math-verify gives the same verdict on it
@@ -23,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..chat_format import extract_answer
+from ..chat_format import EXTRACTIONS, extract_answer
 
 
 @dataclass
@@ -96,9 +97,11 @@ def grade_answer(predicted: str, gold: str) -> bool:
     return verify_answer(predicted, gold) if verdict is None else verdict
 
 
-def _grade(text: str, gold: str) -> MathGrade:
+def _grade(text: str, gold: str, extraction: str = "paper") -> MathGrade:
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that its timeouts are off: ours is outside
-    predicted = extract_answer(text)
+    predicted = extract_answer(text, extraction)
+    if predicted is None and extraction == "release":
+        return _whole_response(text, gold)
     if predicted is None:
         return MathGrade(False, None, "no_answer")
     try:
@@ -107,13 +110,32 @@ def _grade(text: str, gold: str) -> MathGrade:
         return MathGrade(False, predicted, f"{type(e).__name__}: {e}")
 
 
+def _whole_response(text: str, gold: str) -> MathGrade:
+    """The release's last resort (verl's math_verify reward): math-verify extracts an answer from the whole text."""
+    from math_verify import parse, verify
+
+    try:
+        found = parse(text, parsing_timeout=None)
+        if not found:
+            return MathGrade(False, None, "no_answer")
+        return MathGrade(bool(verify(parse(_as_latex(gold), parsing_timeout=None), found, timeout_seconds=None)),
+                         str(found[-1]))
+    except Exception as e:  # noqa: BLE001 - as in _grade
+        return MathGrade(False, None, f"{type(e).__name__}: {e}")
+
+
 class MathGrader:
     """`await grader.grade(response_text, gold)`; many at once, each cut at `timeout` seconds. What the integer
     fast path decides is answered in the calling process at once, never queued behind the pool (`fast=False`:
-    everything goes to math-verify, the baseline `rstar2 eval bench` measures it against)."""
+    everything goes to math-verify, the baseline `rstar2 eval bench` measures it against). `extraction`: how the
+    answer is read (chat_format.EXTRACTIONS; a caller that learns the format later may set it before grading)."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 10.0, fast: bool = True):
+    def __init__(self, workers: int | None = None, timeout: float = 10.0, fast: bool = True,
+                 extraction: str = "paper"):
+        if extraction not in EXTRACTIONS:
+            raise ValueError(f"unknown answer extraction {extraction!r}; choose one of {', '.join(EXTRACTIONS)}")
         self.workers, self.timeout, self.fast = workers or max(1, (os.cpu_count() or 2) // 2), timeout, fast
+        self.extraction = extraction
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -124,10 +146,10 @@ class MathGrader:
         return self._pool
 
     async def grade(self, text: str, gold: str) -> MathGrade:
-        predicted = extract_answer(text)
-        if predicted is None:  # nothing to compare: no process needed
+        predicted = extract_answer(text, self.extraction)
+        if predicted is None and self.extraction == "paper":  # nothing to compare: no process needed
             return MathGrade(False, None, "no_answer")
-        verdict = integer_verdict(predicted, gold) if self.fast else None
+        verdict = integer_verdict(predicted, gold) if self.fast and predicted is not None else None
         if verdict is not None:
             return MathGrade(verdict, predicted)
         loop = asyncio.get_running_loop()
@@ -137,7 +159,8 @@ class MathGrader:
             for _ in range(2):
                 pool = self._executor()
                 try:
-                    return await asyncio.wait_for(loop.run_in_executor(pool, _grade, text, gold), self.timeout)
+                    return await asyncio.wait_for(loop.run_in_executor(pool, _grade, text, gold, self.extraction),
+                                                  self.timeout)
                 except TimeoutError:
                     self._reset(pool)
                     return MathGrade(False, predicted, "timeout")
