@@ -66,6 +66,9 @@ def test_the_mismatch_metrics_on_known_tensors():
     assert m["logp_mismatch_kl"] == pytest.approx(sum(math.exp(x) - x - 1 for x in kept) / 4, rel=1e-6)
     assert m["logp_mismatch_out_of_range"] == 0.5  # ratios e and 1/e leave [0.5, 2]; e^0.5 and 1 do not
     assert m["logp_mismatch_abs"] == pytest.approx(2.5 / 4)
+    near = learner.double()  # exact offsets: the gap of an fp32 engine against an fp32 learner is this small
+    tiny = rollout_mismatch(near, near + torch.tensor([[1e-5, -2e-5, 3e-6, 1e-6, 0.0]], dtype=torch.float64), mask)
+    assert tiny["logp_mismatch_kl"] == pytest.approx((1e-10 + 4e-10 + 9e-12 + 1e-12) / 2 / 4, rel=1e-4)  # d^2 / 2
     edge = rollout_mismatch(torch.log(torch.tensor([[1.99, 0.51, 2.01, 0.49]])), torch.zeros(1, 4), torch.ones(1, 4))
     assert edge["logp_mismatch_out_of_range"] == 0.5  # 1.99 and 0.51 are inside, 2.01 and 0.49 are not
 

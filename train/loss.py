@@ -54,10 +54,10 @@ def rollout_mismatch(learner_logp: torch.Tensor, engine_logp: torch.Tensor, mask
     agree); `logp_mismatch_out_of_range` the share of tokens whose ratio exp(d) leaves [low, high] (the interval is
     symmetric under 1/x for the default 0.5, 2, so engine/learner and learner/engine give the same share);
     `logp_mismatch_abs` the mean |d|."""
-    with torch.no_grad():
-        d = (learner_logp - engine_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    with torch.no_grad():  # in float64, with expm1: at d ~ 1e-5 (an fp32 engine), exp(d) - d - 1 in fp32 is noise
+        d = (learner_logp.double() - engine_logp.double()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         ratio = torch.exp(d)
-        return {"logp_mismatch_kl": masked_mean(ratio - d - 1, mask),
+        return {"logp_mismatch_kl": masked_mean(torch.expm1(d) - d, mask),
                 "logp_mismatch_out_of_range": masked_mean((ratio < low) | (ratio > high), mask),
                 "logp_mismatch_abs": masked_mean(d.abs(), mask)}
 
@@ -75,6 +75,7 @@ def tis_weights(learner_logp: torch.Tensor, engine_logp: torch.Tensor, mask: tor
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """The mean of `x` (a bool tensor counts as 0/1) over the positions where mask is 1; 0 when there are none."""
-    mask = mask.float()
-    return float((x.float() * mask).sum() / mask.sum().clamp(min=1))
+    """The mean of `x` (a bool tensor counts as 0/1) over the positions where mask is 1, in float64; 0 when there
+    are none."""
+    mask = mask.double()
+    return float((x.double() * mask).sum() / mask.sum().clamp(min=1))
