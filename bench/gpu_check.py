@@ -6,9 +6,10 @@ repository that is not pip-installed: it puts the repository root first on sys.p
 `rstar2_agent.train` onto the top-level train/ folder itself, as pyproject's package-dir does. The random model
 and a minimal offline tokenizer are saved to a temporary folder, so the project's own code paths load them:
 
-1. learner: `Learner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the GRPO-RoC PPO-clip
-   forward and backward) on --batch sequences of --seq tokens in micro-batches of --micro-batch, then
-   `optimizer_step`; tokens/s over --steps timed steps after --warmup, MFU = 6 * params * tokens/s / peak.
+1. learner: `Learner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the old-logprob forward, then
+   the GRPO-RoC PPO-clip forward and backward) on --batch sequences of --seq tokens in micro-batches of
+   --micro-batch, then `optimizer_step`; tokens/s over --steps timed steps after --warmup,
+   MFU = 8 * params * tokens/s / peak (2N for the old-logprob pass, 6N for the update).
 2. generation: `HFEngine` (bf16 on CUDA) with --gen-batch concurrent requests of --gen-tokens new tokens each
    (ignore_eos, temperature 1), tokens/s.
 3. parity: the per-token logprobs of those prompts + generated ids from one forward pass, on CPU fp32 (the
@@ -132,11 +133,12 @@ def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, 
     say(f"learner: {info['params'] / 1e6:.1f}M params on {learner.device}, bf16 autocast {learner.bf16}")
     prompt = args.seq // 8
     ids = random_ids(args.batch, args.seq, info["vocab"], seed=1)
-    # old logprobs near a random model's own (about -log V), so the PPO ratios sit near 1 as in training
+    # engine logprobs near a random model's own (about -log V), as a rollout engine's would be
     old = -math.log(info["vocab"])
     items = [UpdateItem(s[:prompt], s[prompt:], [1] * (args.seq - prompt), [old] * (args.seq - prompt),
                         1.0 if i % 2 else -1.0) for i, s in enumerate(ids)]
-    cfg = SimpleNamespace(micro_batch=args.micro_batch, temperature=1.0, eps_low=0.2, eps_high=0.28)
+    cfg = SimpleNamespace(micro_batch=args.micro_batch, temperature=1.0, eps_low=0.2, eps_high=0.28,
+                          rollout_correction="none", tis_cap=2.0)
     total = sum(len(it.response_ids) for it in items)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -153,14 +155,15 @@ def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, 
         say(f"  step {i} {'(warm-up) ' if i < warmup else ''}{dt:.3f}s loss {metrics['loss']:.4f} "
             f"grad_norm {metrics['grad_norm']:.3f}")
     step_s = sum(times) / len(times)
-    tokens = args.batch * args.seq  # every token is computed (forward and backward), prompt or response
+    tokens = args.batch * args.seq  # every token is computed (old-logprob forward, forward, backward)
     tok_s = tokens / step_s
     peak = args.peak_tflops * 1e12
-    # 6N per token for the weights; causal attention adds 6 * layers * seq * hidden (12 L s d, halved)
-    attn = 6 * info["layers"] * args.seq * info["hidden"]
+    # 8N per token for the weights (2N old-logprob forward + 6N update); causal attention adds
+    # 8 * layers * seq * hidden (12 L s d forward and backward + 4 L s d old-logprob forward, halved: causal)
+    attn = 8 * info["layers"] * args.seq * info["hidden"]
     out = {"batch": args.batch, "seq": args.seq, "micro_batch": args.micro_batch, "steps": steps,
-           "step_s": step_s, "tokens_per_s": tok_s, "mfu": 6 * info["params"] * tok_s / peak,
-           "mfu_with_attention": (6 * info["params"] + attn) * tok_s / peak, "bf16_autocast": learner.bf16}
+           "step_s": step_s, "tokens_per_s": tok_s, "mfu": 8 * info["params"] * tok_s / peak,
+           "mfu_with_attention": (8 * info["params"] + attn) * tok_s / peak, "bf16_autocast": learner.bf16}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     say(f"learner: {step_s:.3f}s/step, {tok_s:,.0f} tokens/s, MFU {out['mfu']:.1%} "

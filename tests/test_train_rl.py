@@ -6,6 +6,7 @@ stores and resumes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 from collections import Counter
@@ -88,33 +89,47 @@ def tiny(tmp_path, **kw) -> RLConfig:
 
 
 @pytest.mark.slow
-async def test_one_update_changes_the_weights_and_lowers_its_loss_with_hand_set_rewards(tmp_path):
+async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_logprob_with_hand_set_rewards(
+        tmp_path):
     """Real rollouts from the real engine and a fresh sandbox (started late in the test session, after the serve
     tests, where a worker start once hung: see test_sandbox_start.py); the rewards are set by hand (the base model
-    solves none of these, so a graded batch would carry no signal)."""
-    run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant")))
+    solves none of these, so a graded batch would carry no signal). The ratio is against the learner's own old
+    logprobs, so the loss itself is -mean(A) whatever the weights: what one update must raise is the
+    advantage-weighted logprob of the batch under the learner."""
+    from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs
+
+    run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"), dtype="fp32"))
     try:
         await run.start()
         stage = run.cfg.stages[0]
         groups = await run.rollouts(run.prompts(run.pool(stage), 0), 4, stage, 0)
         kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]  # 2 "right", 2 "wrong" each
+        items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
+                 for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
+        parts = micro_batches(items, run.cfg.micro_batch, run.fmt.tokenizer.pad_token_id or 0)
+
+        def weighted_logprob() -> float:
+            olds = old_logprobs(run.learner, parts, run.cfg.temperature)
+            return sum(float((b["adv"][:, 1:] * b["mask"][:, 1:] * o).sum()) for b, o in zip(parts, olds, strict=True))
+
+        score = weighted_logprob()
         before = {k: v.detach().clone() for k, v in run.learner.model.named_parameters()}
         first = run.update(kept)
         changed = sum(not torch.equal(before[k], v) for k, v in run.learner.model.named_parameters())
         assert changed > 0 and first["update_tokens"] > 0 and first["grad_norm"] > 0
-        assert first["logprob_gap"] < 0.5  # the engine's and the learner's logprobs agree closely
-        lr = run.learner.optimizer.param_groups[0]["lr"]
-        run.learner.optimizer.param_groups[0]["lr"] = 0.0  # measure the loss on the same batch without moving
-        second = run.update(kept)
-        run.learner.optimizer.param_groups[0]["lr"] = lr
-        assert second["loss"] < first["loss"]
+        assert first["clip_frac"] == 0.0 and first["logprob_gap"] < 1e-4  # one optimizer step: the ratio is 1
+        # the hf engine's logprobs (fp32, the learner's own weights, at the sampling temperature) agree with the
+        # learner's to float noise: about 2e-6 per token on average, k3 about 1e-9
+        assert first["logp_mismatch_abs"] < 1e-4 and first["logp_mismatch_kl"] < 1e-6
+        assert first["logp_mismatch_out_of_range"] == 0.0
+        assert weighted_logprob() > score
     finally:
         await run.close()
 
 
 @pytest.mark.slow
 def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path):
-    cfg = tiny(tmp_path, save_every=1)
+    cfg = tiny(tmp_path, save_every=1, dtype="fp32")  # fp32 learner and hf engine alike, on any CPU
     final, history = asyncio.run(run_rl(cfg))
     assert len(history) == 2 and final.name == "checkpoint-2" and (final.parent / "last").resolve() == final
     assert {"accuracy", "response_tokens", "tool_error_ratio_positive", "time_rollout", "roc_dropped_groups",
@@ -134,6 +149,21 @@ def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path):
     again = store.samples(run.id)
     assert len(again) == 16  # step 1's rollouts were replaced, not added
     assert sorted(s.problem_id for s in again if s.problem_id.startswith("step00001")) == step1  # same prompts
+
+    from click.testing import CliRunner
+
+    from rstar2_agent.cli import main
+
+    report = CliRunner().invoke(main, ["train", "report", "rl", "--db", cfg.db, "--json"])
+    assert report.exit_code == 0, report.output
+    steps = json.loads(report.stdout)
+    assert [s["step"] for s in steps] == [1, 2] and steps[1]["lr"] == resumed[0]["lr"]
+    # the gap is measured on the kept rollouts: a step that keeps none (every group all right or all wrong) has none
+    assert all(("logp_mismatch_kl" in s) == (s["update_tokens"] > 0) for s in steps)
+    # the hf engine samples from the learner's own weights: the gap is float noise (KV-cached decoding against one
+    # forward pass), and every token's engine/learner ratio is within [0.5, 2]
+    assert all(0 <= s["logp_mismatch_kl"] < 1e-6 and s["logp_mismatch_out_of_range"] == 0 for s in steps
+               if "logp_mismatch_kl" in s)
 
 
 def test_rl_recipes_fill_the_stages():
@@ -185,6 +215,10 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
         ref |= local.optimizer_step()
         assert upd["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
         assert upd["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
+        # the ranks ran the old-logprob pass on their shares: the ratio is 1 there too, and the gap adds up
+        assert upd["clip_frac"] == 0.0 and upd["logprob_gap"] < 1e-4
+        assert upd["logp_mismatch_kl"] == pytest.approx(ref["logp_mismatch_kl"], rel=1e-3, abs=1e-7)
+        assert upd["logp_mismatch_abs"] == pytest.approx(ref["logp_mismatch_abs"], rel=1e-3, abs=1e-6)
 
         prompt = run.fmt.render_prompt("What is 6 * 7?")
         greedy = SamplingParams(temperature=0.0, max_tokens=12)

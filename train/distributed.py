@@ -2,8 +2,9 @@
 
 - Learner group: `learners` actors, each one FSDP2 rank of the same Learner (torch.distributed over NCCL on
   GPUs, gloo on CPU; rank 0's node is the rendezvous). The driver splits the kept rollouts over the ranks;
-  each rank computes its share of the token-level loss (the denominator is the whole step's token count) and
-  FSDP reduces the gradients; ranks with fewer micro-batches run empty ones so the collectives line up.
+  each rank computes the old policy's logprobs of its share, then its share of the token-level loss (the
+  denominator is the whole step's token count) and FSDP reduces the gradients; ranks with fewer micro-batches
+  run empty ones, in both passes, so the collectives line up.
 - Rollout workers: `rollout_workers` engine actors (vLLM on GPU nodes, hf on CPU), behind a ReplicaPool
   (the `replica_policy`, KV-aware by default) so the agent loop in the driver sees one engine.
 - Sandbox actors: `sandbox_actors` RaySandbox actors, each a warm isolated pool, on the nodes that have the
@@ -159,7 +160,8 @@ class LearnerGroup:
         parts = ray.get([a.update.remote(s, cfg, total_tokens, pad_id, batches)
                          for a, s in zip(self.actors, shards, strict=True)])
         self.step += 1
-        summed = {k: sum(p[k] for p in parts) for k in ("loss", "clip_frac", "logprob_gap", "entropy")}
+        shares = {k for p in parts for k in p} - {"grad_norm", "lr"}  # token-weighted shares: they add over ranks
+        summed = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(shares)}
         return {**summed, "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"], "update_tokens": total_tokens}
 
     def weights(self) -> Any:

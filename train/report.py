@@ -10,7 +10,8 @@ from sqlalchemy import select
 from rstar2_agent.store import Metric, Store
 
 CURVES = ("loss", "accuracy", "response_tokens", "tool_calls", "tool_error_ratio_positive", "clip_frac",
-          "logprob_gap", "entropy", "grad_norm", "lr", "tokens_per_s", "rollout_tokens_per_s")
+          "logprob_gap", "logp_mismatch_kl", "logp_mismatch_out_of_range", "entropy", "grad_norm", "lr",
+          "tokens_per_s", "rollout_tokens_per_s")
 
 
 def metrics_by_step(store: Store, run_id: int) -> dict[int, dict[str, float]]:

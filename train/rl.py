@@ -37,7 +37,7 @@ from .loss import grpo_advantages
 from .recipe import dump
 from .roc import Group, RolloutStats, check_sizes, release_penalty, resample_on_correct
 from .sft import checkpoints
-from .update import UpdateItem, policy_update
+from .update import UpdateItem, check_rollout_correction, policy_update
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,12 @@ class RLConfig:
     top_p: float = 1.0
     eps_low: float = 0.2
     eps_high: float = 0.28
+    # the PPO ratio is against the learner's own logprobs of the rollouts (update.py); `tis` also weights each token
+    # by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
+    # correction, rollout_is_threshold 2.0); off as in the release. Logprobs of both are at `temperature`: with
+    # top_p < 1 the engine's are renormalized over the nucleus and the learner's are not, so keep top_p 1 here
+    rollout_correction: str = "none"  # none or tis
+    tis_cap: float = 2.0
     micro_batch: int = 8  # trajectories per forward pass
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
@@ -124,6 +130,7 @@ class RLRun:
             raise ValueError(f"rollout_engine must be hf or vllm, not {cfg.rollout_engine!r}")
         if cfg.roc:
             check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
+        check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
         self.cfg = cfg
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
         self.resolved = resolve_model(str(last) if last else cfg.model)

@@ -173,7 +173,9 @@ def ablation_cmd(recipe, seeds, out, with_2g, final_steps, overrides) -> None:
 @click.argument("run_name")
 @click.option("--db", default=None, help="Store: a SQLite file or a SQLAlchemy URL.")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Draw the curves into this PNG.")
-def report_cmd(run_name, db, png) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help='Print only a JSON list, one object a step: {"step": N, "metric": value, ...}.')
+def report_cmd(run_name, db, png, as_json) -> None:
     """A training run's metrics per step (SFT or RL), and its curves."""
     from rich.console import Console
     from rich.table import Table
@@ -189,6 +191,11 @@ def report_cmd(run_name, db, png) -> None:
         steps = metrics_by_step(Store(db), runs[-1].id)
     except StoreError as e:
         raise click.ClickException(str(e)) from e
+    if png:
+        curves(steps, png, f"{run_name} ({runs[-1].kind})")
+    if as_json:
+        click.echo(json.dumps([{"step": step, **m} for step, m in steps.items()], indent=1))
+        return
     names = sorted({k for m in steps.values() for k in m})
     table = Table(title=f"{run_name} ({runs[-1].kind}, {runs[-1].status})")
     table.add_column("step")
@@ -198,7 +205,6 @@ def report_cmd(run_name, db, png) -> None:
         table.add_row(str(step), *[f"{m[n]:.4g}" if n in m else "" for n in names])
     Console(width=max(120, 12 * len(names))).print(table)
     if png:
-        curves(steps, png, f"{run_name} ({runs[-1].kind})")
         click.echo(f"wrote {png}")
 
 

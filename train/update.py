@@ -1,5 +1,16 @@
 """One policy update's forward and backward (GRPO-RoC's token-level PPO-clip loss), shared by the in-process
-learner (rl.py) and each FSDP rank of the Ray learner group (distributed.py)."""
+learner (rl.py) and each FSDP rank of the Ray learner group (distributed.py).
+
+Before the first gradient, a no-grad forward pass of the pre-update policy gives the old logprobs of the kept
+rollouts (verl's `compute_log_prob`, which the release runs after down-sampling), and the PPO ratio is taken
+against them, not against the rollout engine's: vLLM in bf16 and an fp32 (or FSDP) learner give the same
+token different logprobs, and a ratio against the engine's would fire the clip on that mismatch alone. With one
+optimizer step per RL step (one PPO epoch, one mini-batch: ours, and the release's with train_batch_size =
+ppo_mini_batch_size = 128) the weights do not move between that pass and the update's forwards, so the ratio is 1
+on every token and the clip never fires: the update is the plain token-level policy gradient of the learner's
+policy. The engine's logprobs measure the gap per step, and with `rollout_correction: tis` weight each token by
+min(pi_learner / pi_engine, tis_cap), the correction for having sampled from the engine.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +20,9 @@ from typing import Any
 import torch
 
 from .learner import Learner
-from .loss import ppo_clip_loss, token_logprobs
+from .loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
+
+ROLLOUT_CORRECTIONS = ("none", "tis")
 
 
 @dataclass
@@ -18,38 +31,71 @@ class UpdateItem:
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]
-    logprobs: list[float]
+    logprobs: list[float]  # the rollout engine's
     advantage: float
+
+
+def check_rollout_correction(mode: str, cap: float) -> None:
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, not {mode!r} "
+                         "(tis: truncated importance weights against the rollout engine's policy)")
+    if not cap > 0:
+        raise ValueError(f"tis_cap must be a positive number (verl's default is 2.0), not {cap!r}")
 
 
 def policy_update(learner: Learner, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int, *,
                   batches: int = 0, scale: float = 1.0) -> dict[str, float]:
-    """Forward and backward of the token-level PPO-clip loss over `items` in micro-batches (no optimizer step);
-    `cfg` is the run's RLConfig (micro_batch, temperature, eps_low, eps_high).
+    """The old-logprob pass, then forward and backward of the token-level PPO-clip loss over `items` in
+    micro-batches (no optimizer step); `cfg` is the run's RLConfig (micro_batch, temperature, eps_low, eps_high,
+    rollout_correction, tis_cap).
     The loss is divided by the whole step's response tokens, so micro-batches and ranks add up; `batches`
     pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
     gradient averaging over ranks. Metrics are this share's token-weighted parts."""
+    parts = micro_batches(items, cfg.micro_batch, pad_id, batches)
+    old = old_logprobs(learner, parts, cfg.temperature)
     learner.model.train()
-    chunks: list[list[UpdateItem]] = [items[i:i + cfg.micro_batch] for i in range(0, len(items), cfg.micro_batch)]
-    chunks += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(chunks))
-    metrics = {"loss": 0.0, "clip_frac": 0.0, "logprob_gap": 0.0, "entropy": 0.0}
-    for part in chunks:
-        batch = _batch(part, pad_id)
+    denominator = max(1, total_tokens)
+    metrics: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+    for batch, old_logp in zip(parts, old, strict=True):
         logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
         logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
         logp = token_logprobs(logits, targets, cfg.temperature)
         mask = batch["mask"][:, 1:].to(learner.device)
-        loss, stats = ppo_clip_loss(logp, batch["old_logp"][:, 1:].to(learner.device),
-                                    batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low, cfg.eps_high,
-                                    denominator=max(1, total_tokens))
+        engine_logp = batch["engine_logp"][:, 1:].to(learner.device)
+        stats = rollout_mismatch(old_logp, engine_logp, mask)
+        weights = None
+        if cfg.rollout_correction == "tis":
+            weights, tis = tis_weights(old_logp, engine_logp, mask, cfg.tis_cap)
+            stats |= tis
+        loss, clip = ppo_clip_loss(logp, old_logp, batch["adv"][:, 1:].to(learner.device), mask, cfg.eps_low,
+                                   cfg.eps_high, denominator=denominator, weights=weights)
         (loss * scale).backward()
-        weight = float(mask.sum()) / max(1, total_tokens)
-        metrics["entropy"] += _entropy_sum(logits, mask, cfg.temperature) / max(1, total_tokens)
+        share = float(mask.sum()) / denominator
+        metrics["entropy"] += _entropy_sum(logits, mask, cfg.temperature) / denominator
         metrics["loss"] += float(loss.detach())
-        metrics["clip_frac"] += stats["clip_frac"] * weight
-        metrics["logprob_gap"] += stats["logprob_gap"] * weight
+        for k, v in (clip | stats).items():
+            metrics[k] = metrics.get(k, 0.0) + v * share
     learner.model.eval()
     return metrics
+
+
+def micro_batches(items: list[UpdateItem], size: int, pad_id: int, batches: int = 0) -> list[dict[str, torch.Tensor]]:
+    """`items` in micro-batches of `size` (see `_batch`), padded to `batches` with empty ones."""
+    chunks: list[list[UpdateItem]] = [items[i:i + size] for i in range(0, len(items), size)]
+    chunks += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(chunks))
+    return [_batch(part, pad_id) for part in chunks]
+
+
+@torch.no_grad()
+def old_logprobs(learner: Learner, parts: list[dict[str, torch.Tensor]], temperature: float) -> list[torch.Tensor]:
+    """The current (pre-update) policy's logprob of every token under softmax(logits / T), one [batch, width - 1]
+    tensor per micro-batch (position t holds token t + 1, as in the update), without gradients or dropout."""
+    learner.model.eval()
+    out = []
+    for batch in parts:
+        logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
+        out.append(token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device), temperature))
+    return out
 
 
 @torch.no_grad()
@@ -68,8 +114,8 @@ def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
     each token's advantage, aligned so that position t holds token t."""
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in items)
     out = {k: torch.zeros((len(items), width), dtype=d) for k, d in (
-        ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32), ("old_logp", torch.float32),
-        ("adv", torch.float32))}
+        ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32),
+        ("engine_logp", torch.float32), ("adv", torch.float32))}
     out["input_ids"].fill_(pad_id)
     for b, t in enumerate(items):
         p, r = len(t.prompt_ids), len(t.response_ids)
@@ -77,6 +123,6 @@ def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
         out["attention"][b, :p + r] = 1
         if r:
             out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
-            out["old_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+            out["engine_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         out["adv"][b, p:p + r] = t.advantage
     return out
