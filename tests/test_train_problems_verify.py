@@ -116,3 +116,22 @@ async def test_no_server_says_so(tmp_path):
     cfg = VerifyConfig(f"http://127.0.0.1:{free_port()}", served_model="m", timeout=5)
     with pytest.raises(DataError, match="no OpenAI-compatible server answers"):
         await verify(inp, tmp_path / "out.jsonl", cfg)
+
+
+def test_the_journal_cuts_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
+    from rstar2_agent.train.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        j.append({"id": "a", "correct": 2})
+        j.append({"id": "b", "correct": 0})
+    with open(path, "a") as f:
+        f.write('{"id": "c", "corr')  # a kill in the middle of a write
+    with Journal(path) as j:
+        assert j.rows == [{"id": "a", "correct": 2}, {"id": "b", "correct": 0}]
+        j.append({"id": "c", "correct": 1})
+    with Journal(path) as j:
+        assert [r["id"] for r in j.rows] == ["a", "b", "c"]
+    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match=r"j.jsonl:2 is not a JSON line"):
+        Journal(path)

@@ -10,7 +10,6 @@ again. The output, written once every problem is done, keeps the input's order.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -18,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rstar2_agent.benchmark_data import DataError, iter_jsonl
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.grading.math import MathGrader
 
+from .journal import Journal
 from .problems import RLProblem, read_problems, write_problems
 
 log = logging.getLogger(__name__)
@@ -64,23 +64,16 @@ def progress_path(out: str | os.PathLike) -> Path:
     return Path(f"{out}.progress.jsonl")
 
 
-def read_progress(path: Path, settings: dict[str, Any]) -> dict[str, int]:
-    """Correct answers per problem id recorded so far. A torn last line (a write cut by a kill) is cut off the
-    file, so that the next line starts clean."""
-    if not path.is_file():
-        return {}
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+def read_progress(journal: Journal, settings: dict[str, Any]) -> dict[str, int]:
+    """Correct answers per problem id recorded so far; a journal recorded with other settings is refused."""
     done: dict[str, int] = {}
-    for row in iter_jsonl(path):
+    for row in journal.rows:
         if "settings" in row:
             if row["settings"] != settings:
                 changed = ", ".join(f"{k}: {row['settings'].get(k)!r} -> {v!r}" for k, v in settings.items()
                                     if row["settings"].get(k) != v)
-                raise DataError(f"{path} was recorded with other settings ({changed}); rerun with the same ones, "
-                                "or give another --out to start over")
+                raise DataError(f"{journal.path} was recorded with other settings ({changed}); rerun with the same "
+                                "ones, or give another --out to start over")
         else:
             done[row["id"]] = row["correct"]
     return done
@@ -131,14 +124,13 @@ async def verify(inp: str | os.PathLike, out: str | os.PathLike, cfg: VerifyConf
     verifier = Verifier(cfg)
     try:
         await verifier.model()
-        path = progress_path(out)
-        done = read_progress(path, cfg.settings())
+        journal = Journal(progress_path(out))
+        done = read_progress(journal, cfg.settings())
         counts = VerifyCounts(read=len(problems), done_before=sum(p.id in done for p in problems))
         todo = list({p.id: p for p in problems if p.id not in done}.values())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as log_file:
-            if path.stat().st_size == 0:
-                _append(log_file, {"settings": cfg.settings()})
+        with journal:
+            if not journal.rows:
+                journal.append({"settings": cfg.settings()})
             queue: asyncio.Queue[RLProblem] = asyncio.Queue()
             for p in todo:
                 queue.put_nowait(p)
@@ -161,7 +153,7 @@ async def verify(inp: str | os.PathLike, out: str | os.PathLike, cfg: VerifyConf
                         log.warning("problem %s not verified (%s: %s); a rerun asks it again", p.id,
                                     type(e).__name__, str(e)[:200])
                         continue
-                    _append(log_file, {"id": p.id, "correct": done[p.id], "samples": cfg.samples})
+                    journal.append({"id": p.id, "correct": done[p.id], "samples": cfg.samples})
                     counts.asked += 1
                     if on_problem:
                         on_problem(counts.asked + counts.failed, len(todo))
@@ -184,10 +176,3 @@ async def verify(inp: str | os.PathLike, out: str | os.PathLike, cfg: VerifyConf
         write_problems(out, kept)
         counts.kept = len(kept)
     return counts
-
-
-def _append(f, row: dict[str, Any]) -> None:
-    """One line, flushed and synced: what is recorded survives a kill."""
-    f.write(json.dumps(row) + "\n")
-    f.flush()
-    os.fsync(f.fileno())

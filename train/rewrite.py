@@ -16,8 +16,9 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from .journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +60,6 @@ class RewriteStats:
     empty: int = 0  # empty answers: the original text is kept
 
 
-class _Cache:
-    def __init__(self, path: str):
-        self.path = Path(path)
-        self.answers: dict[str, str] = {}
-        if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:  # a line cut short when the run was killed: asked again
-                    continue
-                self.answers[entry["key"]] = entry["text"]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        cut = self.path.is_file() and not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size > 0
-        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
-        if cut:
-            self.file.write("\n")  # end the cut line, so that the next answer is a line of its own
-
-    def put(self, key: str, text: str) -> None:
-        self.answers[key] = text
-        self.file.write(json.dumps({"key": key, "text": text}, ensure_ascii=False) + "\n")
-        self.file.flush()
-
-
 def _key(model: str, kind: str, text: str, context: str) -> str:
     return hashlib.sha256(json.dumps([model, kind, context, text], ensure_ascii=False).encode()).hexdigest()
 
@@ -98,12 +76,13 @@ async def rewrite(records: list[dict[str, Any]], cfg: RewriteConfig) -> tuple[li
         raise ValueError(f"rewrite what={cfg.what!r}: choose one of {', '.join(KINDS)}")
     client = openai.AsyncOpenAI(base_url=cfg.url, api_key=cfg.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
                                 timeout=cfg.timeout, max_retries=2)
-    cache, gate, stats = _Cache(cfg.cache), asyncio.Semaphore(cfg.concurrency), RewriteStats()
+    cache, gate, stats = Journal(cfg.cache), asyncio.Semaphore(cfg.concurrency), RewriteStats()
+    answers = {row["key"]: row["text"] for row in cache.rows}
     failed: list[openai.OpenAIError] = []  # once a request fails, no new one is sent; those in flight finish
 
     async def ask(kind: str, text: str, context: str) -> str:
         key = _key(cfg.model, kind, text, context)
-        answer = cache.answers.get(key)
+        answer = answers.get(key)
         if answer is not None:
             stats.cached += 1
         else:
@@ -119,7 +98,8 @@ async def rewrite(records: list[dict[str, Any]], cfg: RewriteConfig) -> tuple[li
                     failed.append(e)
                     return text
             answer = (r.choices[0].message.content or "").strip()
-            cache.put(key, answer)
+            answers[key] = answer
+            cache.append({"key": key, "text": answer})
             stats.asked += 1
         stats.empty += not answer
         return answer or text
@@ -139,10 +119,10 @@ async def rewrite(records: list[dict[str, Any]], cfg: RewriteConfig) -> tuple[li
     try:
         out = await asyncio.gather(*(one(r) for r in records))
     finally:
-        cache.file.close()
+        cache.close()
         await client.close()
     if failed:
         e = failed[0]
-        raise RewriteError(f"the rewrite at {cfg.url} failed ({type(e).__name__}: {e}); {len(cache.answers)} answers "
+        raise RewriteError(f"the rewrite at {cfg.url} failed ({type(e).__name__}: {e}); {len(answers)} answers "
                            f"are kept in {cfg.cache}: run the same command again to go on from there") from e
     return list(out), stats
