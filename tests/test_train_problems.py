@@ -178,7 +178,7 @@ def test_the_command_prints_the_counts_and_writes_the_problems(tmp_path, monkeyp
     # dapo 6 read: 2 non-integer, 1 duplicate, 1 contaminated (an AIME fixture behind a preamble), 2 kept;
     # omr 5 read: 1 non-integer, 2 duplicates (a second solution row, a DAPO problem), 1 contaminated, 1 kept;
     # euler 3 read: 1 non-integer, 2 kept
-    assert json.loads(r.output) == {"read": 14, "kept": 5,
+    assert json.loads(r.stdout) == {"read": 14, "kept": 5,
                                     "dropped": {"non_integer": 4, "duplicate": 3, "contaminated": 2}}
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [set(row) for row in rows] == [{"problem", "answer", "source"}] * 5
@@ -219,7 +219,7 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
     r = CliRunner().invoke(train_group, ["problems", f"dapo:{tmp_path / 'mixed.jsonl'}", "--out",
                                          str(tmp_path / "out.jsonl"), "--data-dir", str(SHARED), "--json"])
     assert r.exit_code == 0, r.output
-    counts = json.loads(r.output)
+    counts = json.loads(r.stdout)
     assert counts["dropped"]["contaminated"] == 25 + 1
     assert counts["kept"] == 2 and counts["read"] == 6 + 25
 
