@@ -8,6 +8,7 @@ from . import __version__
 from .chat_format import FORMATS
 from .cli_options import engine_option
 from .logs import setup_logging
+from .processes import end_on_sigterm
 from .sandbox.sandbox_commands import sandbox_group
 
 
@@ -37,6 +38,7 @@ class FacesGroup(click.Group):
 def main(verbose: bool) -> None:
     """rstar2-agent: serve, evaluate and train a math agent that thinks with a Python tool."""
     setup_logging(verbose)
+    end_on_sigterm()  # SIGTERM unwinds like Ctrl-C: whatever the command started is closed
 
 
 main.add_command(sandbox_group)

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
+from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
@@ -46,15 +47,17 @@ class ServeConfig:
     tool_timeout: float = 10.0
     max_concurrency: int = 64
     api_key: str | None = None
+    stall_timeout: float | None = 300.0  # a request with no new token for this long is aborted (None: never)
 
 
 class Server:
     def __init__(self, engine: Engine, sandbox: Sandbox, config: ServeConfig):
-        self.engine, self.sandbox, self.cfg = engine, sandbox, config
+        self.metrics = ServeMetrics()
+        self.engine = ProgressWatch(engine, config.stall_timeout, on_stall=self.metrics.stalled.inc)
+        self.sandbox, self.cfg = sandbox, config
         self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in FORMATS}
         self.gate = asyncio.Semaphore(config.max_concurrency)
         self.vocab_size = len(engine.tokenizer)  # len() of a tokenizer is not free: once
-        self.metrics = ServeMetrics()
 
     # ------------------------------------------------------------------ helpers
     def check_model(self, name: str | None) -> None:
@@ -103,7 +106,8 @@ class Server:
                                    self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
         self.metrics.observe_trajectory(traj)
         if traj.stop_reason == "engine_error":
-            raise OpenAIError(500, f"the engine failed: {traj.error}", kind="server_error")
+            name, _, message = (traj.error or "").partition(": ")
+            raise engine_failure(EngineStalled(message) if name == EngineStalled.__name__ else EngineError(traj.error))
         return traj
 
     def loop_message(self, traj: Trajectory, req: ChatRequest) -> dict[str, Any]:
@@ -126,6 +130,13 @@ class Server:
         if finish == "stop" and gen.finish_reason == "length":
             finish = "length"
         return msg, finish, len(prompt), len(gen.token_ids), gen
+
+
+def engine_failure(e: EngineError) -> OpenAIError:
+    """What the client is told: a stall is a 504 naming the request; any other engine failure a 500."""
+    if isinstance(e, EngineStalled):
+        return OpenAIError(504, str(e), code="engine_stalled", kind="server_error")
+    return OpenAIError(500, f"the engine failed: {e}", kind="server_error")
 
 
 CLIENT_CALLS = 64  # calls of one response returned to a client (every call a model writes, in practice)
@@ -189,6 +200,39 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any]) -> Any:
                 await task
 
 
+class AuthAndCount:
+    """ASGI middleware: the API key on /v1/, and each request counted by path and status with its latency (to the
+    last byte of a stream). Plain ASGI rather than Starlette's BaseHTTPMiddleware, which hides a client's
+    disconnect from the endpoint (a non-streaming request would then run on for a client that has gone)."""
+
+    def __init__(self, app: Any, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, m, key = scope["path"], self.server.metrics, self.server.cfg.api_key
+        if key and path.startswith("/v1/"):
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
+                m.requests.labels(path, "401").inc()
+                err = OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                                  code="invalid_api_key", kind="authentication_error")
+                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+        t0, status = time.monotonic(), ["500"]
+
+        async def counted_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted_send)
+        finally:
+            m.requests.labels(path, status[0]).inc()
+            m.latency.labels(path).observe(time.monotonic() - t0)
+
+
 def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     """The ASGI app. With `manage` it starts the sandbox at startup and closes it and the engine at shutdown."""
 
@@ -214,27 +258,23 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
 
-    @app.middleware("http")
-    async def _auth_and_count(request: Request, call_next):
-        path = request.url.path
-        if server.cfg.api_key and path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {server.cfg.api_key}":
-                m.requests.labels(path, "401").inc()
-                err = OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
-                                  code="invalid_api_key", kind="authentication_error")
-                return JSONResponse(err.body(), status_code=401)
-        t0 = time.monotonic()
-        response = await call_next(request)
-        m.requests.labels(path, str(response.status_code)).inc()
-        m.latency.labels(path).observe(time.monotonic() - t0)
-        return response
+    @app.exception_handler(EngineError)
+    async def _engine_failed(request: Request, exc: EngineError) -> JSONResponse:
+        err = engine_failure(exc)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    app.add_middleware(AuthAndCount, server=server)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        out = {"status": "ok", "model": server.cfg.model_name, "sandbox": await server.sandbox.stats()}
-        if engine_stats := server.engine.stats():  # a replica pool: each replica's load
+    async def health() -> JSONResponse:
+        """200 while the engine makes progress; 503 with status "stalled" when requests are in flight and none of
+        them has had a token for the stall timeout."""
+        progress = server.engine.progress()
+        out = {"status": "stalled" if progress["stalled"] else "ok", "model": server.cfg.model_name,
+               "progress": progress, "sandbox": await server.sandbox.stats()}
+        if engine_stats := server.engine.stats():  # vLLM's scheduler load; a replica pool: each replica's load
             out["engine"] = engine_stats
-        return out
+        return JSONResponse(out, status_code=503 if progress["stalled"] else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -251,6 +291,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
+        current_request.set(cid)  # the tasks below inherit it: a stall names the request
         if req.stream:
             return StreamingResponse(stream_chat(server, req, cid, prompt), media_type="text/event-stream")
         with m.in_flight.track_inprogress():
@@ -279,6 +320,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         server.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
         server.check_fits(prompt, req.max_tokens, "prompt", "max_tokens")
         cid = new_id("cmpl")
+        current_request.set(cid)
         if req.stream:
             return StreamingResponse(stream_completion(server, req, prompt, cid), media_type="text/event-stream")
         with m.in_flight.track_inprogress():
@@ -295,6 +337,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
 # ---------------------------------------------------------------------------------------------- streaming
 async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[int]) -> AsyncIterator[str]:
     m = server.metrics
+    current_request.set(cid)
     base = {"id": cid, "object": "chat.completion.chunk", "created": now(), "model": server.cfg.model_name}
     queue: asyncio.Queue = asyncio.Queue()
     t0 = time.monotonic()
@@ -325,7 +368,11 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
         except OpenAIError as e:
             queue.put_nowait({"error": e.body()["error"]})
         except EngineError as e:
-            queue.put_nowait({"error": OpenAIError(500, str(e), kind="server_error").body()["error"]})
+            queue.put_nowait({"error": engine_failure(e).body()["error"]})
+        except Exception as e:  # noqa: BLE001 - never leave the stream waiting for a choice that died
+            log.exception("request %s failed", cid)
+            queue.put_nowait({"error": OpenAIError(500, f"{cid} failed: {type(e).__name__}: {e}",
+                                                   kind="server_error").body()["error"]})
 
     m.in_flight.inc()
     tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
@@ -360,13 +407,18 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
     """Each chunk carries the new tokens' text, ids and logprobs; the last one the finish reason."""
     base = {"id": cid, "object": "text_completion", "created": now(), "model": server.cfg.model_name}
     queue: asyncio.Queue = asyncio.Queue()
+    current_request.set(cid)
 
     async def one(index: int) -> None:
         try:
             gen = await _complete(server, req, prompt, index, lambda ids, lps: queue.put_nowait((index, ids, lps)))
             queue.put_nowait((index, gen, None))
         except EngineError as e:
-            queue.put_nowait((index, e, None))
+            queue.put_nowait((index, engine_failure(e), None))
+        except Exception as e:  # noqa: BLE001 - never leave the stream waiting for a choice that died
+            log.exception("request %s failed", cid)
+            queue.put_nowait((index, OpenAIError(500, f"{cid} failed: {type(e).__name__}: {e}", kind="server_error"),
+                              None))
 
     server.metrics.in_flight.inc()
     tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
@@ -374,8 +426,8 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
     try:
         while pending:
             index, item, lps = await queue.get()
-            if isinstance(item, EngineError):
-                yield sse({"error": OpenAIError(500, str(item), kind="server_error").body()["error"]})
+            if isinstance(item, OpenAIError):
+                yield sse({"error": item.body()["error"]})
                 pending.discard(index)
             elif isinstance(item, list):
                 yield sse({**base, "choices": [_completion_choice(server, req, index, item, lps, None, None)]})

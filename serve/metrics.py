@@ -18,6 +18,8 @@ class ServeMetrics:
         self.tokens = Counter("rstar2_tokens", "Tokens by kind (prompt, completion)", ["kind"], registry=r)
         self.tool_calls = Counter("rstar2_tool_calls", "Server-side tool calls by status", ["status"], registry=r)
         self.in_flight = Gauge("rstar2_requests_in_flight", "Requests being generated", registry=r)
+        self.stalled = Counter("rstar2_requests_stalled", "Generations aborted for making no progress (no token for "
+                               "the stall timeout)", registry=r)
 
     def observe_trajectory(self, traj: Trajectory) -> None:
         self.tokens.labels("prompt").inc(len(traj.prompt_ids))

@@ -30,12 +30,15 @@ from rstar2_agent.cli_options import engine_option, replica_options
 @click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
               help="Default response budget when a request sets none.")
 @click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Abort a request that gets no new token for this many seconds (an error to its client, counted "
+              "in /metrics; /health answers 503 while the engine makes no progress). 0: never.")
 @click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="For the server-side tool loop; default: the model's.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
-              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, format_name,
-              unsafe) -> None:
+              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, stall_timeout,
+              format_name, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 serve bench`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -63,7 +66,8 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     cfg = ServeConfig(model_name=os.path.basename(name.rstrip("/")) if os.path.isdir(name) else name,
                       format=format_name or resolved.spec.format,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
-                      tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key)
+                      tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key,
+                      stall_timeout=stall_timeout or None)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
@@ -85,7 +89,9 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
               help="Requests per measurement (at least the concurrency: 16 at concurrency 16).")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
               help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
-def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:
+@click.option("--request-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds a request may take (half of it without a byte) before it counts as an error.")
+def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> None:
     """rstar2 serve against vLLM's own OpenAI server: tokens/s and time to first token; tool-call overhead."""
     import statistics
 
@@ -100,19 +106,23 @@ def serve_bench_cmd(model, max_tokens, requests, rounds) -> None:
     console = Console()
     with console.status("starting vLLM's server and rstar2 serve, then alternating rounds ..."):
         rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests,
-                                                rounds=rounds)
+                                                rounds=rounds, request_timeout=request_timeout)
     table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming), median of "
                         f"{rounds} rounds")
-    for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms"):
+    for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms", "errors"):
         table.add_column(col)
     summary = summarize(rows)
     for _, *median, _ in summary:
         for r in median:
             table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
-                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}")
+                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}", str(r.errors))
     console.print(table)
     for conc, _, _, ratios in summary:
         console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {statistics.median(ratios):.3f} "
                       f"(per round: {', '.join(f'{x:.3f}' for x in ratios)})")
+    for server in sorted({r.server for r in rows}):
+        mine = [r for r in rows if r.server == server]
+        console.print(f"{server}: {sum(r.errors for r in mine)} failed or timed-out requests of "
+                      f"{sum(r.requests for r in mine)}")
     console.print(f"tools on: a tool call adds {extra_ms:.1f} ms beyond the program's own {own_ms:.1f} ms "
                   f"(median over {n} requests)")

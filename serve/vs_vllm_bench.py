@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -27,6 +27,9 @@ from pathlib import Path
 import httpx
 
 from rstar2_agent.engines.engine_bench import QUESTIONS
+from rstar2_agent.processes import FateShare, end_tree
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ServeRow:
     tokens_per_s: float
     ttft_median_ms: float
     ttft_p90_ms: float
+    errors: int = 0  # requests that failed, stalled or ran past the request timeout (not in the figures)
 
 
 def _port() -> int:
@@ -47,8 +51,11 @@ def _port() -> int:
 
 @contextlib.contextmanager
 def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300) -> Iterator[str]:
+    """A server process, up and answering /health, ended with everything under it on the way out (on an error,
+    SIGTERM or SIGINT too; and, through a FateShare, if this process is killed)."""
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
+    fate = FateShare([proc.pid])
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -63,13 +70,13 @@ def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeo
             time.sleep(1)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_tree(proc.pid, grace=30)
+        proc.wait()
+        fate.release()
+
+
+class RequestFailed(RuntimeError):
+    """A streamed request answered with an error event, or stopped short of max_tokens."""
 
 
 async def _stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int
@@ -83,34 +90,50 @@ async def _stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: l
         async for line in r.aiter_lines():
             if not line.startswith("data:") or "[DONE]" in line:
                 continue
-            choice = json.loads(line[5:])["choices"][0]
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise RequestFailed(event["error"].get("message", "an error event"))
+            choice = event["choices"][0]
             n = len(choice.get("token_ids") or (choice.get("logprobs") or {}).get("tokens") or [])
             if n and ttft is None:
                 ttft = time.perf_counter() - t0
             tokens += n
+    if tokens != max_tokens:
+        raise RequestFailed(f"{tokens} of {max_tokens} tokens")
     return tokens, ttft or 0.0
 
 
-async def measure(url: str, name: str, model: str, prompts: list[list[int]], conc: int, max_tokens: int) -> ServeRow:
+async def measure(url: str, name: str, model: str, prompts: list[list[int]], conc: int, max_tokens: int,
+                  request_timeout: float = 300.0) -> ServeRow:
+    """Every request ends within `request_timeout` seconds (and `request_timeout / 2` without a byte); one that
+    does not, or fails, is counted in `errors` and left out of the figures: a stall is an error, not a hang."""
     sem = asyncio.Semaphore(conc)
     ttfts: list[float] = []
-    total = [0]
+    total, errors = [0], [0]
 
     async def one(client: httpx.AsyncClient, p: list[int]) -> None:
         async with sem:
-            n, ttft = await _stream_one(client, url, model, p, max_tokens)
+            try:
+                n, ttft = await asyncio.wait_for(_stream_one(client, url, model, p, max_tokens), request_timeout)
+            except (httpx.HTTPError, TimeoutError, RequestFailed, ValueError) as e:
+                errors[0] += 1
+                log.warning("%s: a request failed (%s: %s)", name, type(e).__name__, e)
+                return
         total[0] += n
         ttfts.append(ttft)
 
-    async with httpx.AsyncClient(timeout=600) as client:
+    timeout = httpx.Timeout(request_timeout / 2, connect=10)
+    async with httpx.AsyncClient(timeout=timeout) as client:
         await one(client, prompts[0])  # warm-up
-        total[0], ttfts[:] = 0, []
+        total[0], errors[0], ttfts[:] = 0, 0, []
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, p) for p in prompts))
         wall = time.perf_counter() - t0
     ttfts.sort()
+    if not ttfts:
+        return ServeRow(name, conc, len(prompts), 0.0, float("nan"), float("nan"), errors[0])
     return ServeRow(name, conc, len(prompts), total[0] / wall, statistics.median(ttfts) * 1e3,
-                    ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3)
+                    ttfts[int(0.9 * (len(ttfts) - 1))] * 1e3, errors[0])
 
 
 async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, float, int]:
@@ -136,7 +159,8 @@ async def tool_overhead(url: str, model: str, calls: int = 12) -> tuple[float, f
     return statistics.median(extra), statistics.median(own), len(extra)
 
 
-def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 8, rounds: int = 3):
+def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requests: int = 8, rounds: int = 3,
+              request_timeout: float = 300.0):
     """Rows for every (round, concurrency, server), and the tool-call overhead. Each measurement sends
     max(requests, concurrency) prompts."""
     from transformers import AutoTokenizer
@@ -161,7 +185,7 @@ def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requ
             for conc in concurrencies:
                 for name, url in servers if k % 2 == 0 else servers[::-1]:
                     batch = prompts[: max(requests, conc)]
-                    rows.append(asyncio.run(measure(url, name, "m", batch, conc, max_tokens)))
+                    rows.append(asyncio.run(measure(url, name, "m", batch, conc, max_tokens, request_timeout)))
         tools = asyncio.run(tool_overhead(ours, "m"))
     return rows, tools
 
@@ -175,7 +199,8 @@ def summarize(rows: list[ServeRow]) -> list[tuple[int, ServeRow, ServeRow, list[
     for conc in sorted({r.concurrency for r in rows}):
         theirs = [r for r in rows if r.concurrency == conc and r.server == VLLM_SERVER]
         ours = [r for r in rows if r.concurrency == conc and r.server == RSTAR2_SERVE]
-        ratios = [b.tokens_per_s / a.tokens_per_s for a, b in zip(theirs, ours, strict=True)]
+        ratios = [b.tokens_per_s / a.tokens_per_s if a.tokens_per_s else float("nan")
+                  for a, b in zip(theirs, ours, strict=True)]
         median = [sorted(side, key=lambda r: r.tokens_per_s)[len(side) // 2] for side in (theirs, ours)]
         out.append((conc, median[0], median[1], ratios))
     return out

@@ -152,6 +152,20 @@ def engine(smol):
     return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
+VLLM_CONTEXT = 2048
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(smol):
+    """One in-process vLLM engine (CPU build, about half a minute to start) for the session: the engine tests
+    and the serve soak share it."""
+    from rstar2_agent.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(smol.path, context_length=VLLM_CONTEXT, kv_cache_gib=1.0)
+    yield engine
+    await engine.close()
+
+
 @contextlib.asynccontextmanager
 async def serving(engine, sandbox, **cfg):
     """A `rstar2 serve` app (markdown tool protocol, serving "smollm2-135m") on loopback; `cfg`: ServeConfig

@@ -12,19 +12,11 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import SamplingParams
 
+from conftest import VLLM_CONTEXT
 from conftest import count_prompt as prompt
 
 pytestmark = pytest.mark.slow
-CONTEXT = 2048
-
-
-@pytest.fixture(scope="module")
-async def vllm_engine(smol):
-    from rstar2_agent.engines.vllm import VLLMEngine
-
-    engine = VLLMEngine(smol.path, context_length=CONTEXT, kv_cache_gib=1.0)
-    yield engine
-    await engine.close()
+CONTEXT = VLLM_CONTEXT
 
 
 async def test_vllm_generates_ids_and_logprobs_and_streams(vllm_engine):

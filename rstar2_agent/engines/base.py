@@ -41,7 +41,8 @@ class Engine(abc.ABC):
     tokens the engine holds when it knows them (vLLM); `max_batch`, the most requests it decodes together
     (with no KV size, a pool assumes max_batch full contexts); `endpoint`, the server of a remote engine;
     `probe()`, which a remote engine uses to learn its context length and KV capacity before the first request;
-    `stats()`, load figures for /health."""
+    `stats()`, load figures for /health; `streams`, whether `on_tokens` hears tokens as they are produced (a
+    watchdog can only judge progress where it does)."""
 
     name: str = "engine"
     tokenizer: Any
@@ -50,6 +51,7 @@ class Engine(abc.ABC):
     kv_capacity: int | None = None
     max_batch: int = 1
     endpoint: str | None = None
+    streams: bool = True
 
     async def probe(self) -> None:  # noqa: B027 - optional: local engines know their limits at construction
         pass

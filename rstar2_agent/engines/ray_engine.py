@@ -56,6 +56,7 @@ class RayEngine(Engine):
     """An Engine whose generations run in a Ray actor (see the module docstring)."""
 
     name = "ray"
+    streams = False  # a generation comes back whole
 
     def __init__(self, actor: Any, info: dict[str, Any], model_path: str, tokenizer: Any, index: int):
         self.actor, self.model_path, self.tokenizer, self.index = actor, model_path, tokenizer, index

@@ -11,6 +11,7 @@ import os
 import uuid
 from typing import Any
 
+from .. import processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,14 @@ class VLLMEngine(Engine):
             # offset"), which it does when a prefill is split over two steps: every prefill in one step here.
             args["enable_chunked_prefill"] = False
             args["max_num_batched_tokens"] = max(context_length, 2048)
+        self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
+        before = set(processes.descendants(os.getpid()))
         try:
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}") from e
+        # vLLM's engine core (and its workers) would outlive a SIGKILL of this process: they share its fate
+        self._fate = processes.FateShare([p for p in processes.descendants(os.getpid()) if p not in before])
 
     @property
     def kv_capacity(self) -> int | None:  # type: ignore[override]
@@ -62,6 +67,30 @@ class VLLMEngine(Engine):
         cache = getattr(getattr(self.engine, "vllm_config", None), "cache_config", None)
         blocks = getattr(cache, "num_gpu_blocks", None)
         return int(blocks) * int(cache.block_size) if blocks else None
+
+    def _load_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        """A vLLM stat logger that keeps the scheduler's latest figures in `self.load` (no default loggers)."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        load = self.load
+
+        class Load(StatLoggerBase):
+            def __init__(self, *_: Any) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *_: Any, **__: Any) -> None:
+                if scheduler_stats is not None:
+                    load.update(running=scheduler_stats.num_running_reqs, waiting=scheduler_stats.num_waiting_reqs,
+                                kv_cache_usage=round(float(scheduler_stats.kv_cache_usage), 4))
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Load()
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's running and waiting requests and KV cache usage (0-1) as of its latest step."""
+        return dict(self.load)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
@@ -123,3 +152,4 @@ class VLLMEngine(Engine):
         if engine is not None:
             engine.shutdown(timeout=30)  # the 5 s default ends in a force-kill on small CPUs
             self.engine = None
+            self._fate.release()
