@@ -192,7 +192,7 @@ def _labels_disagree(text: str) -> bool:
     """The judgment wrote several different labels: v0.1 leaves it without a verdict and does not ask again."""
     import re
 
-    return len({m.upper() for m in re.findall(r"\[\[([AB<>=]+)\]\]", text)}) > 1
+    return len(set(re.findall(r"\[\[([AB<>=]+)\]\]", text.upper()))) > 1
 
 
 def arena_summary(samples: Sequence[Sample], rounds: int = 100, level: float = 0.95) -> dict[str, Any]:

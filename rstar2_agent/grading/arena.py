@@ -71,11 +71,12 @@ _SINGLE = re.compile(r"\[([AB<>=]+)\]")
 
 
 def parse_verdict(judgment: str) -> str | None:
-    """The label of a judgment: the `[[...]]` labels it writes (a single-bracket `[...]` when there is none, as
-    the benchmark's current config falls back to), upper-cased; None when there is no known label, or when it
-    writes different ones (the v0.1 code leaves such a judgment without a verdict)."""
-    found = _DOUBLE.findall(judgment) or _SINGLE.findall(judgment)
-    labels = {m.strip().upper() for m in found if m.strip()}
+    """The label of a judgment: the `[[...]]` labels it writes (a single-bracket `[...]` when there is none), read
+    from the upper-cased judgment as the benchmark's current code reads it; None when there is no known label, or
+    when it writes different ones (the v0.1 code leaves such a judgment without a verdict)."""
+    text = judgment.upper()
+    found = _DOUBLE.findall(text) or _SINGLE.findall(text)
+    labels = {m.strip() for m in found if m.strip()}
     if len(labels) != 1:
         return None
     label = labels.pop()
