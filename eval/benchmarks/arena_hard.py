@@ -201,10 +201,11 @@ def arena_summary(samples: Sequence[Sample], rounds: int = 100, level: float = 0
     counts: dict[str, int] = {}
     for g in games:
         for v in g:
-            counts[str(v)] = counts.get(str(v), 0) + 1
+            counts[v or "no verdict"] = counts.get(v or "no verdict", 0) + 1
+    about = {"judge": next(((s.details or {}).get("judge") for s in samples), None), "baseline": BASELINE,
+             "verdicts": counts}
     score = arena_score(games, rounds=rounds, level=level)
     if score is None:
-        return {"prompts": 0, "dropped": len(games), "verdicts": counts}
+        return {"prompts": 0, "dropped": len(games), **about}
     return {"score": score.score, "ci": [score.lo, score.hi], "level": level, "rounds": rounds,
-            "prompts": score.prompts, "dropped": score.dropped, "battles": score.battles, "verdicts": counts,
-            "judge": next(((s.details or {}).get("judge") for s in samples), None), "baseline": BASELINE}
+            "prompts": score.prompts, "dropped": score.dropped, "battles": score.battles, **about}
