@@ -23,8 +23,8 @@ class _EvalGroup(click.Group):
 @click.group("eval", cls=_EvalGroup)
 def eval_group() -> None:
     """Evaluate a model with the tool: `rstar2 eval aime24` (benchmarks: aime24, aime25, hmmt25, math500,
-    gpqa_diamond, bfcl_v3, synth; a comma list runs several), each run as its authors run it unless flags say
-    otherwise. Results are stored; the same command resumes. `rstar2 eval paper`: the paper's table."""
+    gpqa_diamond, bfcl_v3, ifeval, arena_hard, synth; a comma list runs several), each run as its authors run it
+    unless flags say otherwise. Results are stored; the same command resumes. `rstar2 eval paper`: the paper's table."""
 
 
 BY_BENCHMARK = "Default: the benchmark's own"
@@ -67,6 +67,12 @@ _RUN_OPTIONS = [
                  "category)."),
     click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, "
                  "live, multi_turn, single_turn), comma-separated."),
+    click.option("--judge-url", default=None, help="arena_hard: the judge, an OpenAI-compatible chat server (the "
+                 "benchmark's: gpt-4-1106-preview). Default: the model under test judges itself, a smoke test only."),
+    click.option("--judge-model", default=None, help="arena_hard: the judge's model name on that server (default: "
+                 "its first)."),
+    click.option("--judge-api-key", envvar="RSTAR2_JUDGE_API_KEY", default=None, help="arena_hard: the judge's API "
+                 "key (or $RSTAR2_JUDGE_API_KEY)."),
     click.option("--concurrency", type=click.IntRange(1), default=64, show_default=True, help="Samples in flight."),
     click.option("--retries", type=click.IntRange(0), default=3, show_default=True,
                  help="Retries of a sample whose engine or endpoint failed (with back-off)."),
@@ -100,6 +106,13 @@ def source_and_config(o: dict):
                     sandbox_urls=list(o["sandbox_urls"]), isolation=not o["unsafe"],
                     grader_timeout=o["grader_timeout"])
     return source, cfg
+
+
+def judge_spec(o: dict):
+    """Arena-Hard's judge from the shared options."""
+    from .benchmarks import JudgeSpec
+
+    return JudgeSpec(url=o["judge_url"], model=o["judge_model"], api_key=o["judge_api_key"])
 
 
 def run_async(coro):
@@ -138,7 +151,7 @@ def run_cmd(benchmarks, **o) -> None:
     async def go():
         store = Store(o["db"])
         await evaluate(names, source, cfg, store, o["run_name"], o["data_dir"], o["out"],
-                       benchmarks=get_benchmarks(names, o["categories"]))
+                       benchmarks=get_benchmarks(names, o["categories"], judge_spec(o)))
 
     run_async(go())
 
@@ -147,16 +160,18 @@ def run_cmd(benchmarks, **o) -> None:
 @run_options
 def paper_cmd(**o) -> None:
     """The paper's table for rStar2-Agent-14B (AIME24 80.6, AIME25 69.8, HMMT25 52.7, MATH-500 97.8, GPQA-Diamond
-    60.9, BFCL v3 60.8): runs (or resumes) each benchmark with its own defaults, as `rstar2 eval BENCH` would (the
-    same runs in the store), then prints ours beside the paper's: pass@1 averaged over each problem's samples in
-    percent (BFCL v3: its weighted overall), a 95% interval over problems (the unit sampled, so 16 samples of 30
-    problems are 30 observations: Wilson's interval when every problem scored 0 or 1, as with one sample each, else
-    Student's t over the per-problem accuracies; BFCL v3: a bootstrap of items within categories) and whether the
-    paper's number is inside it. Defaults: AIME24/AIME25/HMMT25/MATH-500/GPQA-Diamond the paper's avg@16 at
-    temperature 0.6, 30 turns, 30720 tokens (the release's eval script), top_p 1 (the paper gives none); BFCL v3 as
-    its leaderboard runs it, one greedy sample, 4096 tokens. It says which format profile it used for the model, and
-    why. A benchmark without data is skipped with the reason. --limit K: a smoke run on the first K problems of each
-    (BFCL: of each category)."""
+    60.9, BFCL v3 60.8, IFEval 83.4, Arena-Hard 86.6): runs (or resumes) each benchmark with its own defaults, as
+    `rstar2 eval BENCH` would (the same runs in the store), then prints ours beside the paper's: pass@1 averaged over
+    each problem's samples in percent (BFCL v3: its weighted overall; IFEval: strict prompt-level accuracy;
+    Arena-Hard: the win rate against gpt-4-0314 as --judge-url judges), a 95% interval over problems (the unit
+    sampled, so 16 samples of 30 problems are 30 observations: Wilson's interval when every problem scored 0 or 1, as
+    with one sample each, else Student's t over the per-problem accuracies; BFCL v3: a bootstrap of items within
+    categories; Arena-Hard: the benchmark's bootstrap over battles) and whether the paper's number is inside it.
+    Defaults: AIME24/AIME25/HMMT25/MATH-500/GPQA-Diamond the paper's avg@16 at temperature 0.6, 30 turns, 30720
+    tokens (the release's eval script), top_p 1 (the paper gives none); BFCL v3 as its leaderboard runs it, one greedy
+    sample, 4096 tokens; IFEval and Arena-Hard one greedy sample of the benchmark's prompt, no tool, 4096 tokens. It
+    says which format profile it used for the model, and why. A benchmark without data is skipped with the reason.
+    --limit K: a smoke run on the first K problems of each (BFCL: of each category)."""
     from rstar2_agent.store import Store
 
     from .paper import paper_table, run_paper
@@ -165,7 +180,8 @@ def paper_cmd(**o) -> None:
     source, cfg = source_and_config(o)
 
     async def go():
-        return await run_paper(source, cfg, Store(o["db"]), o["run_name"], o["data_dir"], o["categories"], o["out"])
+        return await run_paper(source, cfg, Store(o["db"]), o["run_name"], o["data_dir"], o["categories"], o["out"],
+                               judge=judge_spec(o))
 
     rows = run_async(go())
     console = wide_console()
@@ -198,7 +214,7 @@ def report_cmd(run_name, db, out, problems) -> None:
 
     from rstar2_agent.store import Store
 
-    from .report import bfcl_table, load, results_table, write_outputs
+    from .report import benchmark_tables, load, results_table, write_outputs
     from .report import console as wide_console
 
     console = wide_console()
@@ -206,7 +222,7 @@ def report_cmd(run_name, db, out, problems) -> None:
         store = Store(db)
         results = load(store, run_name)
         console.print(results_table(results, f"{run_name} ({results[0].run.model})"))
-        for table in filter(None, map(bfcl_table, results)):
+        for table in (t for r in results for t in benchmark_tables(r)):
             console.print(table)
         if problems:
             for r in results:

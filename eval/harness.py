@@ -21,7 +21,7 @@ from rstar2_agent.store import Store
 
 from .benchmarks import Benchmark, Context, DataError, RunDefaults, get_benchmark
 from .chat_api import ChatAPIAgent
-from .report import bfcl_table, load, results_table, write_outputs
+from .report import benchmark_tables, load, results_table, write_outputs
 from .report import console as wide_console
 from .runner import EvalConfig, make_agent, rich_progress, run_benchmark
 
@@ -103,13 +103,14 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
         for bench in benches:
             bcfg = cfg.resolve(bench.defaults)
             name = names[bench.name] = run_name or default_run_name(source, bcfg, bench.defaults)
-            ctx = Context(agent=make_agent(bcfg, engine, fmt, sandbox, chat_agent), math_grader=grader,
-                          seed=bcfg.seed, use_tools=bcfg.use_tools,
-                          extra={"engine": engine, "fmt": fmt, "sandbox": sandbox, "config": bcfg})
             info = {"n": bcfg.n, "limit": bcfg.limit, "problems": len(problems[bench.name]), "engine": (
                 engine.name if engine else "chat-api"), "urls": source.urls, "replicas": source.replicas,
                 "data_dir": data_dir}
-            run = store.open_run(name, bench.name, source.label(), bcfg.settings(), info)
+            run = store.open_run(name, bench.name, source.label(), bcfg.settings() | bench.settings(), info)
+            ctx = Context(agent=make_agent(bcfg, engine, fmt, sandbox, chat_agent), math_grader=grader,
+                          seed=bcfg.seed, use_tools=bcfg.use_tools,
+                          extra={"engine": engine, "fmt": fmt, "sandbox": sandbox, "config": bcfg, "store": store,
+                                 "run_id": run.id})
             flags = ", ".join("--" + k.replace("_", "-") for k in cfg.given())
             console.print(f"[bold]{bench.name}[/bold] (run {escape(name)}): {bcfg.describe()} ("
                           + (f"benchmark defaults; flags: {flags}" if flags else "benchmark defaults") + ")")
@@ -123,6 +124,8 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
                 store.set_status(run.id, status)
     finally:
         grader.close()
+        for bench in benches:
+            await bench.close()
         await sandbox.close()
         if engine is not None and own_engine:
             await engine.close()
@@ -131,7 +134,7 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
     for name in dict.fromkeys(names.values()):
         results = [r for r in load(store, name) if names.get(r.run.benchmark) == name]
         console.print(results_table(results, f"{name} ({source.label()})"))
-        for table in filter(None, map(bfcl_table, results)):
+        for table in (t for r in results for t in benchmark_tables(r)):
             console.print(table)
         if out:
             for path in write_outputs(store, name, out if len(set(names.values())) == 1 else Path(out) / name):

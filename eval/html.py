@@ -57,10 +57,38 @@ def _sample(s: Any, traj: dict[str, Any] | None) -> str:
             f'{s.tokens} tokens · {s.tool_calls} tool calls · {escape(s.stop_reason)}'
             + (f' · {escape(s.reason)}' if s.reason and not s.correct else ""))
     extra = ""
-    for key in ("expected", "produced"):  # benchmarks with calls to check (BFCL) say what was wanted
-        if key in (s.details or {}):
-            extra += f'<div class="meta">{key}</div>' + _pre(str(s.details[key]), "q")
+    details = s.details or {}
+    for key in ("expected", "produced", "checked"):  # what was wanted (BFCL) and what was checked (IFEval)
+        if key in details:
+            extra += f'<div class="meta">{key}</div>' + _pre(str(details[key]), "q")
+    if "instructions" in details:  # IFEval: each instruction, strict and loose
+        extra += "<table><tr><th>instruction</th><th>strict</th><th>loose</th></tr>" + "".join(
+            f"<tr><td>{escape(i['id'])}</td><td>{_verdict(i['strict'])}</td><td>{_verdict(i['loose'])}</td></tr>"
+            for i in details["instructions"]) + "</table>"
+    for g in details.get("games", []):  # Arena-Hard: the judge's two games
+        extra += (f'<div class="meta">game {g["game"]} (the model is assistant {g["model_is"]}): verdict '
+                  f'{escape(str(g["verdict"]))}</div>' + _pre(g["judgment"], "out"))
     return f"<details><summary>{head}</summary>{extra}{_turns(traj)}</details>"
+
+
+def _benchmark_scores(s: dict[str, Any]) -> str:
+    """A benchmark's own scores: IFEval's four accuracies and its per-type table, Arena-Hard's win rate."""
+    out = ""
+    if s.get("ifeval"):
+        f = s["ifeval"]
+        out += ("<table><tr><th>prompt strict %</th><th>prompt loose %</th><th>instruction strict %</th>"
+                f"<th>instruction loose %</th></tr><tr><td>{100 * f['prompt_strict']:.1f}</td>"
+                f"<td>{100 * f['prompt_loose']:.1f}</td><td>{100 * f['instruction_strict']:.1f}</td>"
+                f"<td>{100 * f['instruction_loose']:.1f}</td></tr></table>"
+                "<table><tr><th>instruction</th><th>n</th><th>strict %</th><th>loose %</th></tr>" + "".join(
+                    f"<tr><td>{escape(k)}</td><td>{v['n']}</td><td>{100 * v['strict']:.1f}</td>"
+                    f"<td>{100 * v['loose']:.1f}</td></tr>" for k, v in f["per_type"].items()) + "</table>")
+    a = s.get("arena")
+    if a and "score" in a:
+        out += (f"<p>Arena-Hard win rate vs {escape(str(a['baseline']))}: <b>{100 * a['score']:.1f}%</b> "
+                f"({100 * a['level']:.0f}% bootstrap {100 * a['ci'][0]:.1f}-{100 * a['ci'][1]:.1f}), judge "
+                f"{escape(str(a['judge']))}, {a['prompts']} prompts, {a['dropped']} without a verdict</p>")
+    return out
 
 
 def render_html(name: str, results: list[Any], trajectories: dict[int, dict[int, Any]]) -> str:
@@ -78,6 +106,7 @@ def render_html(name: str, results: list[Any], trajectories: dict[int, dict[int,
                         f"<td>{100 * s['maj']:.1f}</td><td>{s['mean_tokens']:.0f}</td>"
                         f"<td>{s['mean_tool_calls']:.2f}</td><td>{100 * s['tool_error_rate']:.1f}</td>"
                         f"<td>{r.errors}</td></tr></table>")
+        body.append(_benchmark_scores(s))
         by_problem: dict[str, list[Any]] = defaultdict(list)
         for sample in r.samples:
             by_problem[sample.problem_id].append(sample)

@@ -6,7 +6,9 @@ of the benchmark, so 16 samples x 30 problems are 30 observations, not 480. For 
 accuracies (pass@1 averaged over the samples): Wilson's score interval when every problem's mean is 0 or 1
 (always so with one sample a problem), else Student's t over the per-problem means. BFCL v3's score is its
 weighted overall (categories weighted as BFCL does), so its interval is a percentile bootstrap that resamples
-items within each category.
+items within each category. IFEval's number is prompt-level strict accuracy, one greedy sample a prompt, so its
+interval is Wilson's over prompts. Arena-Hard's is the win rate against gpt-4-0314 over the judge's battles, with
+the benchmark's percentile bootstrap over battles (100 rounds; 95% here, where the benchmark prints 90%).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from .report import BenchResult, bfcl_category, load
 from .runner import EvalConfig
 
 # rStar2-Agent-14B in the paper: AIME24, AIME25, HMMT25 from its main math table (avg@16 pass@1), MATH-500 from its
-# Table 3, GPQA-Diamond and BFCL v3 from its generalization table (Table 5). In the order the table prints them.
+# Table 3, GPQA-Diamond, BFCL v3, IFEval (strict prompt-level) and Arena-Hard from its generalization table
+# (Table 5; after the non-reasoning SFT alone: BFCL v3 63.1, IFEval 83.7, Arena-Hard 86.8). In the order the table
+# prints them.
 PAPER_SCORES = {"aime24": 80.6, "aime25": 69.8, "hmmt25": 52.7, "math500": 97.8, "gpqa_diamond": 60.9,
-                "bfcl_v3": 60.8}
+                "bfcl_v3": 60.8, "ifeval": 83.4, "arena_hard": 86.6}
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,18 @@ def paper_row(benchmark: str, result: BenchResult | None, run: str | None = None
         score, interval = s["bfcl"]["overall"], bfcl_interval(result.samples)
         notes = [] if s["bfcl"]["complete"] else ["not all 17 categories: those not run count 0"]
         row.note = "; ".join(notes + ([] if interval else ["a category with 1 item: no interval"]))
+    elif benchmark == "ifeval":
+        f = s["ifeval"]
+        score = f["prompt_strict"]
+        interval = Interval(*wilson(round(f["prompt_strict"] * f["prompts"]), f["prompts"]), "wilson")
+        row.note = f"strict prompt-level; loose {100 * f['prompt_loose']:.1f}"
+    elif benchmark == "arena_hard":
+        a = s["arena"]
+        if "score" not in a:
+            row.note = "no prompt with both verdicts"
+            return row
+        score, interval = a["score"], Interval(a["ci"][0], a["ci"][1], "bootstrap")
+        row.note = f"judge {a['judge']}" + (f"; {a['dropped']} prompts without a verdict" if a["dropped"] else "")
     else:
         score, interval = s["avg"], problem_interval([p["accuracy"] for p in s["per_problem"]])
         if interval is None:
@@ -130,22 +146,24 @@ def paper_table(rows: Sequence[PaperRow], title: str) -> Table:
         inside = {True: "yes", False: "no", None: ""}[r.inside]
         table.add_row(r.benchmark, f"{r.problems} x {r.n}" if r.problems else "",
                       "" if r.score is None else f"{r.score:.1f}", ci, f"{r.paper:.1f}", inside, r.note)
-    table.caption = ("ours: pass@1 averaged over each problem's samples (BFCL v3: its weighted overall). 95% CI over "
-                     "problems: wilson when every problem scored 0 or 1, t over per-problem accuracies otherwise, "
-                     "bootstrap within BFCL categories")
+    table.caption = ("ours: pass@1 averaged over each problem's samples (BFCL v3: its weighted overall; IFEval: strict "
+                     "prompt-level; Arena-Hard: win rate vs gpt-4-0314). 95% CI over problems: wilson when every "
+                     "problem scored 0 or 1, t over per-problem accuracies otherwise, bootstrap within BFCL "
+                     "categories; Arena-Hard: the benchmark's bootstrap over battles")
     return table
 
 
 async def run_paper(source, cfg: EvalConfig, store: Store, run_name: str | None = None, data_dir: str | None = None,
                     categories: str = "all", out: str | None = None, console: Console | None = None,
-                    engine=None) -> list[PaperRow]:
+                    engine=None, judge=None) -> list[PaperRow]:
     """Run (or resume) the paper's benchmarks, each with its own defaults where `cfg` leaves a setting None; a
     benchmark without data is skipped with the reason. Returns the rows, in PAPER_SCORES order."""
     from .harness import evaluate
 
     skipped: dict[str, str] = {}
     runs = await evaluate(list(PAPER_SCORES), source, cfg, store, run_name, data_dir, out, console,
-                          benchmarks=get_benchmarks(list(PAPER_SCORES), categories), engine=engine, skipped=skipped)
+                          benchmarks=get_benchmarks(list(PAPER_SCORES), categories, judge), engine=engine,
+                          skipped=skipped)
     rows = []
     for bench in PAPER_SCORES:
         if bench in skipped:

@@ -15,7 +15,9 @@ from rich.table import Table
 from rstar2_agent.store import Run, Sample, Store, StoreError
 
 from .benchmarks import BENCHMARKS
+from .benchmarks.arena_hard import arena_summary
 from .benchmarks.base import MathBenchmark
+from .benchmarks.ifeval import ifeval_scores
 from .metrics import Graded, GraderVotes, summarize, vote
 
 
@@ -54,6 +56,10 @@ def load(store: Store, name: str) -> list[BenchResult]:
             summary = summarize((graded(s) for s in ok), votes=grader_votes if math_answers(run.benchmark) else vote)
             if run.benchmark == "bfcl_v3" and ok:
                 summary["bfcl"] = bfcl_scores(ok)
+            if run.benchmark == "ifeval" and ok:
+                summary["ifeval"] = ifeval_scores(s.details or {} for s in ok)
+            if run.benchmark == "arena_hard" and ok:
+                summary["arena"] = arena_summary(ok)
             out.append(BenchResult(run, ok, len(rows) - len(ok), summary))
     return out
 
@@ -87,6 +93,43 @@ def bfcl_table(result: BenchResult) -> Table | None:
     for key in ("non_live", "live", "multi_turn", "relevance", "irrelevance"):
         table.add_row(f"[bold]{key}", "", _pct(scores[key]))
     return table
+
+
+def ifeval_table(result: BenchResult) -> Table | None:
+    scores = result.summary.get("ifeval")
+    if not scores:
+        return None
+    table = Table(title=f"IFEval ({scores['prompts']} prompts, {scores['instructions']} instructions): prompt strict "
+                  f"{_pct(scores['prompt_strict'])}%, prompt loose {_pct(scores['prompt_loose'])}%, instruction strict "
+                  f"{_pct(scores['instruction_strict'])}%, instruction loose {_pct(scores['instruction_loose'])}%")
+    for col in ("instruction", "n", "strict %", "loose %"):
+        table.add_column(col, justify="left" if col == "instruction" else "right")
+    for kind, v in scores["per_type"].items():
+        table.add_row(kind, str(v["n"]), _pct(v["strict"]), _pct(v["loose"]))
+    return table
+
+
+def arena_table(result: BenchResult) -> Table | None:
+    a = result.summary.get("arena")
+    if not a:
+        return None
+    table = Table(title=f"Arena-Hard v0.1 vs {a.get('baseline', 'the baseline')} (judge {a.get('judge')})")
+    for col in ("score %", f"{100 * a.get('level', 0.95):.0f}% CI (bootstrap)", "prompts", "dropped (no verdict)",
+                "battles", "verdicts"):
+        table.add_column(col, justify="right")
+    verdicts = ", ".join(f"{k} {v}" for k, v in sorted(a["verdicts"].items()))
+    if "score" not in a:
+        table.add_row("", "", "0", str(a["dropped"]), "0", verdicts)
+    else:
+        table.add_row(_pct(a["score"]), f"{_pct(a['ci'][0])}-{_pct(a['ci'][1])}", str(a["prompts"]),
+                      str(a["dropped"]), str(a["battles"]), verdicts)
+    return table
+
+
+def benchmark_tables(result: BenchResult) -> list[Table]:
+    """The benchmark's own scores beside the common table (BFCL v3's categories, IFEval's four accuracies,
+    Arena-Hard's win rate)."""
+    return [t for t in (bfcl_table(result), ifeval_table(result), arena_table(result)) if t is not None]
 
 
 def console(stderr: bool = False):

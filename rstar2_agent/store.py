@@ -101,6 +101,24 @@ class TrajectoryRow(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON)  # Trajectory.to_dict()
 
 
+class Judgment(Base):
+    """A judge's verdict on one game of a sample (Arena-Hard: two per prompt), stored as soon as the judge answers, so a
+    resumed run never asks the judge about the same answer twice. Keyed by the judged answer's hash: a regenerated
+    answer that differs is a new game."""
+    __tablename__ = "judgments"
+    __table_args__ = (UniqueConstraint("run_id", "problem_id", "sample_index", "game", "judge", "answer_sha"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    problem_id: Mapped[str] = mapped_column(String(200))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    game: Mapped[int] = mapped_column(Integer)
+    judge: Mapped[str] = mapped_column(String(500))
+    answer_sha: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[str | None] = mapped_column(String(20), nullable=True)  # None: the judge gave no label
+    text: Mapped[str] = mapped_column(Text)  # what the judge wrote
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
 class Metric(Base):
     __tablename__ = "metrics"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -236,6 +254,27 @@ class Store:
             rows = s.execute(select(TrajectoryRow.sample_id, TrajectoryRow.data).join(
                 Sample, Sample.id == TrajectoryRow.sample_id).where(Sample.run_id == run_id))
             return {sid: data for sid, data in rows}
+
+    # -- judgments (benchmarks judged by a model)
+    def judgment(self, run_id: int, problem_id: str, sample_index: int, game: int, judge: str,
+                 answer_sha: str) -> Judgment | None:
+        with self.session() as s:
+            return s.scalars(select(Judgment).where(
+                Judgment.run_id == run_id, Judgment.problem_id == problem_id, Judgment.sample_index == sample_index,
+                Judgment.game == game, Judgment.judge == judge, Judgment.answer_sha == answer_sha)).first()
+
+    def add_judgment(self, judgment: Judgment) -> None:
+        """Store a judgment; one stored meanwhile for the same game (another process) is kept."""
+        try:
+            with self.session() as s:
+                s.add(judgment)
+        except IntegrityError:
+            pass
+
+    def judgments(self, run_id: int) -> list[Judgment]:
+        with self.session() as s:
+            return list(s.scalars(select(Judgment).where(Judgment.run_id == run_id).order_by(
+                Judgment.problem_id, Judgment.sample_index, Judgment.game)))
 
     # -- metrics (training)
     def add_metrics(self, run_id: int, step: int, values: dict[str, float]) -> None:

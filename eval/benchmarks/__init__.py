@@ -5,27 +5,32 @@ from __future__ import annotations
 
 from .aime24 import AIME24
 from .aime25 import AIME25
+from .arena_hard import ArenaHard, JudgeSpec
 from .base import PAPER, Benchmark, Context, DataError, Outcome, Problem, RunDefaults
 from .bfcl_v3 import BFCLv3
 from .gpqa_diamond import GPQADiamond
 from .hmmt25 import HMMT25
+from .ifeval import IFEval
 from .math500 import MATH500
 from .synthetic import Synthetic
 
-__all__ = ["BENCHMARKS", "PAPER", "Benchmark", "Context", "DataError", "Outcome", "Problem", "RunDefaults",
-           "get_benchmark", "get_benchmarks"]
+__all__ = ["BENCHMARKS", "PAPER", "Benchmark", "Context", "DataError", "JudgeSpec", "Outcome", "Problem",
+           "RunDefaults", "get_benchmark", "get_benchmarks"]
 
 BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond, BFCLv3,
-                                                                    Synthetic)}
+                                                                    IFEval, ArenaHard, Synthetic)}
 
 
-def get_benchmark(name: str, categories: str = "all") -> Benchmark:
-    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups)."""
+def get_benchmark(name: str, categories: str = "all", judge: JudgeSpec | None = None) -> Benchmark:
+    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups), `judge` is
+    Arena-Hard's."""
     if name not in BENCHMARKS:
         raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} "
                         "(several at once as a comma list)")
-    return BFCLv3(categories=categories) if name == BFCLv3.name else BENCHMARKS[name]()
+    if name == BFCLv3.name:
+        return BFCLv3(categories=categories)
+    return ArenaHard(judge) if name == ArenaHard.name else BENCHMARKS[name]()
 
 
-def get_benchmarks(names: list[str], categories: str = "all") -> dict[str, Benchmark]:
-    return {n: get_benchmark(n, categories) for n in names}
+def get_benchmarks(names: list[str], categories: str = "all", judge: JudgeSpec | None = None) -> dict[str, Benchmark]:
+    return {n: get_benchmark(n, categories, judge) for n in names}

@@ -87,6 +87,13 @@ class Benchmark:
     def problem(self, row: dict[str, Any], index: int) -> Problem:
         raise NotImplementedError
 
+    def settings(self) -> dict[str, Any]:
+        """Settings of the benchmark's own that its results depend on (a judge), stored with the run's."""
+        return {}
+
+    async def close(self) -> None:
+        """Release what the benchmark opened for a run (a judge's client)."""
+
     def rows(self, data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         """The local JSONL mirror when there is one in the data dirs, else the hub dataset through `datasets`."""
         if self.source is None:
