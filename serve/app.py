@@ -192,7 +192,7 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any]) -> Any:
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise OpenAIError(499, "the client closed the request", code="client_closed_request")
     finally:
         if not task.done():
             task.cancel()
@@ -377,6 +377,7 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
     m.in_flight.inc()
     tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
     done = asyncio.gather(*tasks)
+    getter: asyncio.Future | None = None
     try:
         for i in range(req.n):
             yield sse(chunk(i, {"role": "assistant", "content": ""}))
@@ -396,6 +397,8 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
             break
         yield "data: [DONE]\n\n"
     finally:  # a client that went away cancels its generation and its sandbox work
+        if getter is not None:
+            getter.cancel()
         for t in tasks:
             t.cancel()
         with contextlib.suppress(BaseException):

@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,15 +54,17 @@ def _port() -> int:
 def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300) -> Iterator[str]:
     """A server process, up and answering /health, ended with everything under it on the way out (on an error,
     SIGTERM or SIGINT too; and, through a FateShare, if this process is killed)."""
+    log_file = tempfile.TemporaryFile()  # never an unread pipe: a server blocked writing its log would stall
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=log_file, start_new_session=True)
     fate = FateShare([proc.pid])
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{argv[:3]} exited: {proc.stderr.read().decode()[-1500:]}")
+                log_file.seek(0)
+                raise RuntimeError(f"{argv[:3]} exited: {log_file.read().decode(errors='replace')[-1500:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -73,6 +76,7 @@ def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeo
         end_tree(proc.pid, grace=30)
         proc.wait()
         fate.release()
+        log_file.close()
 
 
 class RequestFailed(RuntimeError):

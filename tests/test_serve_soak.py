@@ -69,6 +69,7 @@ async def kv_probe(c: httpx.AsyncClient, url: str) -> dict:
     return (await c.get(f"{url}/health")).json()
 
 
+@pytest.mark.timeout(900)
 async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engine, sandbox):
     rng = random.Random(7)
     async with serving(vllm_engine, sandbox, stall_timeout=120, max_concurrency=64) as url:

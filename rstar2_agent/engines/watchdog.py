@@ -104,8 +104,11 @@ class ProgressWatch(Engine):
         if self.on_stall is not None:
             self.on_stall()
         rid = current_request.get() or "(no id)"
+        load = ", ".join(f"{k} {v}" for k, v in self.stats().items() if not isinstance(v, list | dict))
+        quiet = time.monotonic() - self.last_token
         msg = (f"request {rid} made no progress for {self.stall_timeout:.0f} s (no token; prompt of {prompt_tokens} "
-               f"tokens, {len(self.live)} requests in flight): aborted, its engine resources freed. Retry it; if this "
+               f"tokens, {len(self.live)} requests in flight, the last token of any {quiet:.0f} s ago"
+               f"{'; engine: ' + load if load else ''}): aborted, its engine resources freed. Retry it; if this "
                "repeats, the engine is wedged: check /health and restart the server")
         log.error(msg)
         return EngineStalled(msg)
