@@ -15,7 +15,7 @@ import pytest
 from conftest import serving
 
 pytestmark = pytest.mark.slow
-WAVES = [(1, 12), (16, 48), (64, 96), (4, 16), (32, 64), (8, 24)]  # (concurrency, requests): 260 in all
+WAVES = [(1, 12), (16, 48), (64, 64), (4, 16), (32, 64), (8, 24)]  # (concurrency, requests): 228 in all
 HANG_UP = 0.2
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
@@ -28,11 +28,11 @@ def request(rng: random.Random, i: int) -> tuple[str, dict]:
         return "/v1/completions", {"prompt": f"Count to {i}:", "max_tokens": tokens, "temperature": 0.8,
                                    "stream": rng.random() < 0.5, "ignore_eos": rng.random() < 0.5}
     if kind == 1:  # token ids in, as the bench and the openai engine send them
-        return "/v1/completions", {"prompt": list(range(100, 100 + rng.randint(5, 300))), "max_tokens": tokens,
+        return "/v1/completions", {"prompt": list(range(100, 100 + rng.randint(5, 64))), "max_tokens": tokens,
                                    "temperature": 0.7, "stream": True, "ignore_eos": True, "return_token_ids": True,
                                    "logprobs": 0}
     chat = {"messages": [{"role": "user", "content": f"Compute {i} * 7 with Python in a ```python block."}],
-            "max_tokens": tokens * 3, "temperature": 0.8, "stream": rng.random() < 0.5}
+            "max_tokens": tokens * 2, "temperature": 0.8, "stream": rng.random() < 0.5}
     if kind == 4:
         return "/v1/chat/completions", {**chat, "tools": TOOLS}
     return "/v1/chat/completions", {**chat, "max_turns": 2}  # the server-side tool loop
@@ -72,7 +72,7 @@ async def kv_probe(c: httpx.AsyncClient, url: str) -> dict:
 @pytest.mark.timeout(900)
 async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engine, sandbox):
     rng = random.Random(7)
-    async with serving(vllm_engine, sandbox, stall_timeout=120, max_concurrency=64) as url:
+    async with serving(vllm_engine, sandbox, stall_timeout=300, max_concurrency=64) as url:
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10)) as c:
             idle = (await kv_probe(c, url))["engine"]
             outcomes: list[str] = []
@@ -96,7 +96,7 @@ async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engin
             after = await kv_probe(c, url)
     failed = [o for o in outcomes if o not in ("ok", "hung up")]
     assert not failed, failed[:5]
-    assert len(outcomes) == 260 and 20 < outcomes.count("hung up") < 90
+    assert len(outcomes) == 228 and 20 < outcomes.count("hung up") < 80
     assert "rstar2_requests_in_flight 0.0" in metrics and "rstar2_requests_stalled_total 0.0" in metrics
     assert after["status"] == "ok" and after["progress"]["in_flight"] == 0
     engine = after["engine"]
