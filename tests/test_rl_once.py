@@ -1,8 +1,9 @@
 """Exactly once: an RL run killed (SIGKILL, the whole process group, from outside) between a step's metrics and its
-checkpoint, and again mid-rollout, resumes with `--resume` and ends with every step in the store once, its rollouts
-once, the report one row a step, the learning-rate schedule advanced once a step, and (when tensorboard is installed)
-each step once in the TensorBoard curves. The process stops in each window through the `RSTAR2_TEST_PAUSE_AT` test
-hook of train/rl.py. Also: `forget_unsaved` on a hand-made store, and TensorBoard's purge on a resumed writer."""
+checkpoint, then mid-rollout, then between a step's rollouts and its metrics, resumes with `--resume` and ends with
+every step in the store once, its rollouts once, the report one row a step, the learning-rate schedule advanced once
+a step, and (when tensorboard is installed) each step once in the TensorBoard curves. The process stops in each
+window through the `RSTAR2_TEST_PAUSE_AT` test hook of train/rl.py. Also: `forget_unsaved` on a hand-made store, and
+TensorBoard's purge on a resumed writer."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 def _rl(recipe: Path, resume: bool, pause: str | None) -> subprocess.CompletedProcess | None:
     """`rstar2 train rl --recipe RECIPE [--resume]`; with `pause`, SIGKILL its process group once the test hook says
     it stopped there (None is returned), else wait for it to finish."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # one torch thread: on a shared 2-core machine two spinning threads make a step about 5x slower
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop(TEST_PAUSE_ENV, None)
     if pause:
         env[TEST_PAUSE_ENV] = pause
@@ -73,7 +75,7 @@ def _rollouts(db: Path) -> dict[tuple[str, int], tuple[int, list[int]]]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_between_metrics_and_checkpoint_and_mid_rollout_records_each_step_once(tmp_path):
+def test_a_run_killed_in_each_window_of_a_step_and_resumed_records_each_step_once(tmp_path):
     cfg = tiny(tmp_path, stages=[Stage(steps=2, max_response_tokens=16, max_turns=1, data_size=8)], save_every=1,
                dtype="fp32", tensorboard=True)
     cfg.optim.warmup_steps = 2  # lr 1/3, 2/3 of the peak at steps 1, 2: a step trained twice would shift it
@@ -98,7 +100,12 @@ def test_a_run_killed_between_metrics_and_checkpoint_and_mid_rollout_records_eac
     # a step is a function of (seed, step): trained again from the same weights, it samples the same tokens
     assert {k: ids for k, (_, ids) in again.items()} == {k: ids for k, (_, ids) in first_attempt.items()}
 
-    # 3. resumed from checkpoint-1: step 2, to the end
+    # 3. resumed from checkpoint-1, then killed in step 2 with its rollouts in the store and its metrics not
+    _rl(recipe, resume=True, pause="stored:2")
+    assert Counter(p.split("/")[0] for p, _ in _rollouts(db)) == {"step00000": 8, "step00001": 8}
+    assert {s for s, _, _ in _metric_rows(db)} == {1} and not (out / "checkpoint-2").exists()
+
+    # 4. resumed from checkpoint-1 again: step 2, to the end
     p = _rl(recipe, resume=True, pause=None)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = _metric_rows(db)
@@ -114,13 +121,16 @@ def test_a_run_killed_between_metrics_and_checkpoint_and_mid_rollout_records_eac
 
     assert torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)["step"] == 2
 
-    report = subprocess.run([RSTAR2, "train", "report", out.name, "--db", str(db), "--json"], capture_output=True,
-                            text=True, timeout=120)
-    assert report.returncode == 0, report.stderr[-2000:]
+    from click.testing import CliRunner
+
+    from rstar2_agent.cli import main
+
+    report = CliRunner().invoke(main, ["train", "report", out.name, "--db", str(db), "--json"])
+    assert report.exit_code == 0, report.output
     steps = json.loads(report.stdout)
     assert [s["step"] for s in steps] == [1, 2] and [s["lr"] for s in steps] == [by_step[1]["lr"], by_step[2]["lr"]]
 
-    if HAS_TENSORBOARD:  # three processes wrote events; the curves show each step once, the last attempt's value
+    if HAS_TENSORBOARD:  # four processes wrote events; the curves show each step once, the last attempt's value
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         events = EventAccumulator(str(out / "tensorboard"))
