@@ -29,6 +29,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    func,
     select,
 )
 from sqlalchemy.engine import make_url
@@ -278,8 +279,29 @@ class Store:
 
     # -- metrics (training)
     def add_metrics(self, run_id: int, step: int, values: dict[str, float]) -> None:
+        """Record a step's metrics, replacing in the same transaction whatever was recorded for that step before
+        (a step trained again after a resume), so a step never has two values for one metric."""
         with self.session() as s:
+            s.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step == step))
             s.add_all(Metric(run_id=run_id, step=step, name=k, value=float(v)) for k, v in values.items())
+
+    def last_step(self, run_id: int) -> int | None:
+        """The highest step a training run has metrics for."""
+        with self.session() as s:
+            return s.scalar(select(func.max(Metric.step)).where(Metric.run_id == run_id))
+
+    def forget_steps(self, run_id: int, first: int, sample_prefixes: list[str] | tuple[str, ...] = ()) -> None:
+        """Delete, in one transaction, the metrics of steps `first` and later and the samples (with their
+        trajectories) whose problem id starts with one of `sample_prefixes` (the rollouts of those steps): what a
+        killed training run recorded past its last checkpoint, before the resumed run trains those steps again."""
+        with self.session() as s:
+            for prefix in sample_prefixes:
+                # a range on the (run, problem id, index) key's index: the ids that start with the prefix
+                end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+                where = (Sample.run_id == run_id, Sample.problem_id >= prefix, Sample.problem_id < end)
+                s.execute(delete(TrajectoryRow).where(TrajectoryRow.sample_id.in_(select(Sample.id).where(*where))))
+                s.execute(delete(Sample).where(*where))
+            s.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step >= first))
 
     def close(self) -> None:
         self.engine.dispose()

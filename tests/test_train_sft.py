@@ -163,6 +163,11 @@ def test_resume_takes_exactly_the_next_step(tmp_path):
     _, resumed = run_sft(cfg, resume=True)
     assert len(resumed) == 1 and resumed[0]["loss"] == pytest.approx(straight[2]["loss"], rel=1e-5)
     assert resumed[0]["lr"] == pytest.approx(straight[2]["lr"])
+    import sqlite3
+
+    with sqlite3.connect(cfg.db) as c:  # step 3, recorded by the first run and trained again, is in the store once
+        rows = c.execute("SELECT step, name FROM metrics").fetchall()
+    assert len(rows) == len(set(rows)) and {step for step, _ in rows} == {1, 2, 3}
 
 
 @pytest.mark.slow

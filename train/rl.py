@@ -5,7 +5,9 @@ the learner's weights, so an update is live at once), reward 1/0 by the math gra
 0), keep G per prompt with Resample-on-Correct, then one token-level PPO-clip update against the engine's
 own logprobs. Stages change the response budget, the turn cap, the data, and may filter out the problems
 the current policy already solves k of k and reset the optimizer. Metrics and every rollout go to the
-store; checkpoints resume exactly (the prompts of a step are a function of the seed and the step).
+store (and to TensorBoard / Weights & Biases when asked); checkpoints resume exactly (the prompts of a step are a
+function of the seed and the step), and each step is recorded exactly once whatever the moment of a kill (see
+`run_rl`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import time
 import zlib
@@ -37,6 +40,7 @@ from .loss import grpo_advantages
 from .recipe import dump
 from .roc import Group, RolloutStats, check_sizes, release_penalty, resample_on_correct
 from .sft import checkpoints
+from .trackers import Trackers
 from .update import UpdateItem, check_rollout_correction, policy_update
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,8 @@ class RLConfig:
     save_every: int = 0  # steps; stage ends always save
     db: str | None = None
     run: str | None = None
+    tensorboard: bool = False  # per-step metrics to out/tensorboard, when tensorboard is installed
+    wandb_project: str | None = None  # ... and to this Weights & Biases project, when wandb is installed
     data_dir: str | None = None  # benchmark mirrors that curating a stage's sources decontaminates against
     distributed: str = "none"  # none: one process (rollout_engine below); ray: distributed.py
     # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
@@ -201,7 +207,13 @@ class RLRun:
                        ) -> list[list[tuple[Trajectory, float]]]:
         """n rollouts per prompt, then their rewards; `self.times` keeps how long each phase took."""
         t0 = time.perf_counter()
-        trajs = await asyncio.gather(*(self.rollout(question, stage, f"{self.cfg.seed}:{step}:{pid}:{k}")
+
+        async def one(question: str, key: str) -> Trajectory:
+            traj = await self.rollout(question, stage, key)
+            pause_for_test("rollout", step + 1)  # the step's first rollout is done, the others are in flight
+            return traj
+
+        trajs = await asyncio.gather(*(one(question, f"{self.cfg.seed}:{step}:{pid}:{k}")
                                        for pid, question, _ in prompts for k in range(n)))
         t1 = time.perf_counter()
         if trajs and all(t.stop_reason == "engine_error" for t in trajs):  # a dead engine: stop before an update
@@ -278,6 +290,7 @@ class RLRun:
             roc_metrics = {"roc_dropped_groups": len(groups) - len(kept)}
         t1 = time.perf_counter()
         upd = self.update(kept)  # nothing kept: no gradient, the step and schedule still advance
+        pause_for_test("update", step + 1)  # the weights moved in memory; nothing of the step is recorded or saved
         t_update = time.perf_counter() - t1
         t_sync = await self.sync_weights() if kept else 0.0
         flat = [(t, r) for g in groups for t, r in g]
@@ -328,6 +341,24 @@ class RLRun:
                 ray.shutdown()  # leaves a cluster we joined running; stops the one we started here
 
 
+TEST_PAUSE_ENV = "RSTAR2_TEST_PAUSE_AT"
+
+
+def pause_for_test(point: str, step: int) -> None:
+    """A test hook, never set in real runs: with RSTAR2_TEST_PAUSE_AT=POINT:STEP (STEP counted from 1, as the store
+    counts) the process logs `test hook: paused at POINT:STEP` and stops there (the whole event loop, for up to 10
+    minutes, then exits with status 3), so a test can SIGKILL it in that window. Points: rollout (the step's first
+    rollout is done, the rest in flight), update (after the optimizer step, nothing recorded), stored (the rollouts
+    are in the store, the metrics are not), recorded (the metrics are in the store, the checkpoint is not saved)."""
+    if os.environ.get(TEST_PAUSE_ENV) != f"{point}:{step}":
+        return
+    import sys
+
+    print(f"test hook: paused at {point}:{step}", file=sys.stderr, flush=True)
+    time.sleep(600)
+    os._exit(3)
+
+
 def _tool_error_ratio(trajs: list[Trajectory]) -> float:
     calls = sum(len(t.tool_calls) for t in trajs)
     return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
@@ -345,18 +376,46 @@ def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups, extra
             store.add_sample(row, traj.to_dict())
 
 
+def forget_unsaved(store: Store, run_id: int, done: int) -> None:
+    """Delete what the store holds for the steps after `done` (the checkpoint this run starts from): the metrics
+    of steps done+1.. and their rollouts (stored under `step{index:05d}/` with the 0-based index, so step N's are
+    under index N-1). A step's rollouts are stored before its metrics, and the next step starts only after them:
+    rollouts exist at most up to the index of the highest recorded step, which bounds the range."""
+    last = store.last_step(run_id) or 0
+    if last > done:
+        log.info("the store has steps %d-%d past the checkpoint (step %d): forgetting them, they are trained again",
+                 done + 1, last, done)
+    store.forget_steps(run_id, done + 1, [f"step{i:05d}/" for i in range(done, max(done, last) + 1)])
+
+
 async def run_rl(cfg: RLConfig, resume: bool = False,
                  on_step: Callable[[int, int, dict[str, float]], None] | None = None
                  ) -> tuple[Path, list[dict[str, float]]]:
+    """Train every stage; returns the final checkpoint folder and each step's metrics.
+
+    Exactly once, whatever the moment of a kill: the checkpoint is the only thing a resume trusts, and the store
+    follows it. A step's rollouts and then its metrics are written as soon as the step ends (so `rstar2 train
+    report` and the live curves show it at once, even when the checkpoint comes every `save_every` steps or takes
+    minutes to write, as at 14B); the checkpoint is saved after, by an atomic rename. A resume first deletes from
+    the store what the killed attempt recorded past the checkpoint it starts from (`forget_unsaved`), then trains
+    those steps again and records them afresh; a step's metrics are also written in one transaction that replaces
+    any earlier ones of that step. So the store never holds a step twice, nor a step the saved weights have not
+    seen, whether the kill came mid-rollout, mid-update, between the rollouts and the metrics, or between the
+    metrics and the checkpoint. Writing a step's records in the checkpoint's own commit instead would hide every
+    step until its checkpoint is on disk, and a checkpoint is not a database transaction.
+    """
     run = RLRun(cfg, resume)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out) / "recipe.yaml").write_text(dump(cfg))
     store = Store(cfg.db)
-    row = store.open_run(cfg.run or Path(cfg.out).resolve().name, "rl", cfg.model, {},
-                         {"recipe": dataclasses.asdict(cfg)}, kind="rl")
+    name = cfg.run or Path(cfg.out).resolve().name
+    row = store.open_run(name, "rl", cfg.model, {}, {"recipe": dataclasses.asdict(cfg)}, kind="rl")
+    forget_unsaved(store, row.id, run.learner.step)
     total = sum(s.steps for s in cfg.stages)
     history: list[dict[str, float]] = []
     final = Path(cfg.out)
+    trackers = Trackers(cfg.out, name, dataclasses.asdict(cfg), tensorboard=cfg.tensorboard,
+                        wandb_project=cfg.wandb_project, first_step=run.learner.step + 1)
     try:
         await run.start()
         while run.learner.step < total:
@@ -372,9 +431,12 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
             metrics = await run.step(step, stage, run.pool(stage), store, row.id)
             metrics["stage"] = index
             history.append(metrics)
+            pause_for_test("stored", run.learner.step)
             store.add_metrics(row.id, run.learner.step, metrics)
+            trackers.log(run.learner.step, metrics)
             if on_step:
                 on_step(run.learner.step, total, metrics)
+            pause_for_test("recorded", run.learner.step)
             stage_end = within + 1 == stage.steps
             if stage_end or (cfg.save_every and run.learner.step % cfg.save_every == 0):
                 final = run.save(run.learner.step, index)
@@ -383,5 +445,6 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
         store.set_status(row.id, "interrupted")
         raise
     finally:
+        trackers.close()
         await run.close()
     return final, history

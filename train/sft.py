@@ -28,6 +28,7 @@ from .chat_data import DataStats, Row, collate, pack
 from .learner import Learner, OptimConfig, link_last
 from .recipe import dump
 from .sft_mix import load_mix, render_parts, report
+from .trackers import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,10 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
                              {"recipe": dataclasses.asdict(cfg), "data": dataclasses.asdict(run.stats),
                               "sources": report(run.parts)["sources"],
                               "rows": len(run.rows), "total_steps": run.total}, kind="sft") if store else None
-    trackers = _trackers(cfg) if learner.rank == 0 else []
+    if store:  # what a killed attempt recorded past the checkpoint: those steps are trained again now
+        store.forget_steps(run_row.id, learner.step + 1)
+    trackers = Trackers(cfg.out, cfg.run or Path(cfg.out).name, dataclasses.asdict(cfg), tensorboard=cfg.tensorboard,
+                        wandb_project=cfg.wandb_project, first_step=learner.step + 1) if learner.rank == 0 else None
     history = []
     try:
         while learner.step < run.total:
@@ -160,8 +164,8 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
             history.append(metrics)
             if store:
                 store.add_metrics(run_row.id, learner.step, metrics)
-            for track in trackers:
-                track(learner.step, metrics)
+            if trackers:
+                trackers.log(learner.step, metrics)
             if on_step:
                 on_step(learner.step, run.total, metrics)
             if cfg.save_every and learner.step % cfg.save_every == 0 and learner.step < run.total:
@@ -173,27 +177,8 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
         if store:
             store.set_status(run_row.id, "interrupted")
         raise
+    finally:
+        if trackers:
+            trackers.close()
     return final, history
 
-
-def _trackers(cfg: SFTConfig) -> list[Callable[[int, dict[str, float]], None]]:
-    """TensorBoard and Weights & Biases, each only when asked for and installed."""
-    out = []
-    if cfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(str(Path(cfg.out) / "tensorboard"))
-            out.append(lambda step, m: [writer.add_scalar(k, v, step) for k, v in m.items()])
-        except ImportError:
-            log.warning("tensorboard is not installed; pip install tensorboard")
-    if cfg.wandb_project:
-        try:
-            import wandb
-
-            wandb.init(project=cfg.wandb_project, name=cfg.run or Path(cfg.out).name,
-                       config=dataclasses.asdict(cfg))
-            out.append(lambda step, m: wandb.log(m, step=step))
-        except ImportError:
-            log.warning("wandb is not installed; pip install wandb")
-    return out
