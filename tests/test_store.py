@@ -30,7 +30,7 @@ def test_the_file_appears_with_its_tables(tmp_path, monkeypatch):
 
     monkeypatch.setattr(store_module.os, "link", link_and_look)
     Store(db)
-    assert seen_at_appearance == [{"runs", "samples", "trajectories", "metrics"}]
+    assert seen_at_appearance == [{"runs", "samples", "trajectories", "judgments", "metrics"}]
     assert [p.name for p in db.parent.iterdir() if not p.name.startswith("eval.db-")] == ["eval.db"]  # no staging file
 
 

@@ -38,7 +38,8 @@ class ProgressWatch(Engine):
                  poll: float = 1.0):
         self.inner, self.stall_timeout, self.on_stall, self.poll = inner, stall_timeout, on_stall, poll
         self.streams = getattr(inner, "streams", True)
-        self.name, self.tokenizer, self.model_path = inner.name, inner.tokenizer, inner.model_path
+        self.tokenizer, self.name = inner.tokenizer, getattr(inner, "name", "engine")
+        self.model_path = getattr(inner, "model_path", None)
         self.context_length = inner.context_length
         self.max_batch, self.endpoint = getattr(inner, "max_batch", 1), getattr(inner, "endpoint", None)
         self.stalled = 0  # generations aborted for making no progress
