@@ -152,6 +152,17 @@ def engine(smol):
     return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
+async def metrics_once_idle(client, url: str, tries: int = 60) -> str:
+    """/metrics, read again every 0.25 s (at most `tries` times) until no request is in flight: a cancelled
+    request leaves the server a moment after its client."""
+    for _ in range(tries):
+        metrics = (await client.get(f"{url}/metrics")).text
+        if "rstar2_requests_in_flight 0.0" in metrics:
+            break
+        await asyncio.sleep(0.25)
+    return metrics
+
+
 VLLM_CONTEXT = 2048
 
 

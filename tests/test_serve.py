@@ -17,7 +17,7 @@ from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app as sandbox_app
 from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message
 
-from conftest import serving, uvicorn_app
+from conftest import metrics_once_idle, serving, uvicorn_app
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 2**100? Use Python."
@@ -155,11 +155,7 @@ async def test_client_disconnect_cancels_generation(url):
                 seen += line.startswith("data:")
                 if seen >= 4:
                     break  # leave mid-stream
-        for _ in range(60):  # 4,000 tokens would take minutes; a cancelled request leaves in a moment
-            metrics = (await c.get(f"{url}/metrics")).text
-            if "rstar2_requests_in_flight 0.0" in metrics:
-                break
-            await asyncio.sleep(0.25)
+        metrics = await metrics_once_idle(c, url)  # 4,000 tokens would take minutes
         assert "rstar2_requests_in_flight 0.0" in metrics
 
 

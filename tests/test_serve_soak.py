@@ -12,7 +12,7 @@ import random
 import httpx
 import pytest
 
-from conftest import serving
+from conftest import metrics_once_idle, serving
 
 pytestmark = pytest.mark.slow
 WAVES = [(1, 12), (16, 48), (64, 64), (4, 16), (32, 64), (8, 24)]  # (concurrency, requests): 228 in all
@@ -88,11 +88,7 @@ async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engin
 
                 outcomes += await asyncio.gather(*(one(i + k) for k in range(count)))
                 i += count
-            for _ in range(40):  # hung-up requests are cancelled in the server a moment after the client left
-                metrics = (await c.get(f"{url}/metrics")).text
-                if "rstar2_requests_in_flight 0.0" in metrics:
-                    break
-                await asyncio.sleep(0.25)
+            metrics = await metrics_once_idle(c, url, tries=40)  # hung-up requests leave a moment later
             after = await kv_probe(c, url)
     failed = [o for o in outcomes if o not in ("ok", "hung up")]
     assert not failed, failed[:5]

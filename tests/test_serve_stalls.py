@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import serving
+from conftest import metrics_once_idle, serving
 
 pytestmark = pytest.mark.slow
 WEDGE = 1313
@@ -104,9 +104,5 @@ async def test_a_non_streaming_client_that_hangs_up_ends_its_generation(serve_ur
     async with httpx.AsyncClient(timeout=60) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post(f"{serve_url}/v1/chat/completions", json=body, timeout=1.5)
-        for _ in range(40):  # 4,000 tokens would take minutes; a cancelled request leaves in a moment
-            metrics = (await c.get(f"{serve_url}/metrics")).text
-            if "rstar2_requests_in_flight 0.0" in metrics:
-                break
-            await asyncio.sleep(0.25)
+        metrics = await metrics_once_idle(c, serve_url, tries=40)  # 4,000 tokens would take minutes
     assert "rstar2_requests_in_flight 0.0" in metrics
