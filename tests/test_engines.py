@@ -75,11 +75,12 @@ async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vl
     import torch
     from safetensors.torch import load_file
 
-    from rstar2_agent.train.learner import Learner, OptimConfig
+    from rstar2_agent.train.learner import OptimConfig
+    from rstar2_agent.train.local_learner import LocalLearner
     from rstar2_agent.train.loss import token_logprobs
     from rstar2_agent.train.rl import RLRun
 
-    learner = Learner(vllm_engine.model_path, OptimConfig(), total_steps=1, dtype="fp32")
+    learner = LocalLearner(vllm_engine.model_path, OptimConfig(), total_steps=1, dtype="fp32")
     ids = prompt(vllm_engine.tokenizer)
     sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=5)
 

@@ -135,9 +135,11 @@ class LearnerGroup:
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
         import ray
+        from transformers import AutoTokenizer
 
-        self.connected_here = connect(cfg)  # then close() of the run disconnects
+        self.connected_here = connect(cfg)  # then close() disconnects
         self.cfg, self.step = cfg, 0
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner)(LearnerActor)
         self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
         master = ray.get(self.actors[0].address.remote())
@@ -169,6 +171,15 @@ class LearnerGroup:
         refs = self._all("weights", "bf16" if self.cfg.rollout_engine == "vllm" else None)
         return refs[0][0]
 
+    def shares_weights(self, engine: Any) -> bool:
+        return False
+
+    async def push(self, engine: Any) -> None:
+        """The new weights to every rollout worker behind `engine`."""
+        import asyncio
+
+        await engine.load_weights(await asyncio.to_thread(self.weights))
+
     def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
         return Path(self._all("save", str(folder), extra, meta)[0])
 
@@ -181,14 +192,20 @@ class LearnerGroup:
         self._all("reset_optimizer")
 
     def close(self) -> None:
+        """Idempotent: stops the ranks, then leaves Ray if this group connected this process to it (a cluster
+        we joined keeps running; one we started here stops)."""
         import ray
 
         actors, self.actors = self.actors, []
+        if not actors:
+            return
         try:
             ray.get([a.shutdown.remote() for a in actors])
         finally:
             for a in actors:
                 ray.kill(a)
+            if self.connected_here:
+                ray.shutdown()
 
 
 async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int):

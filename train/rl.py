@@ -35,13 +35,14 @@ from rstar2_agent.store import Store, sample_row
 from rstar2_agent.trajectory import Trajectory
 
 from .distributed import LearnerGroup, RayConfig, start_rollout
-from .learner import Learner, OptimConfig, link_last
+from .learner import OptimConfig, link_last
+from .local_learner import LocalLearner
 from .loss import grpo_advantages
 from .recipe import dump
 from .roc import Group, RolloutStats, check_sizes, release_penalty, resample_on_correct
 from .sft import checkpoints
 from .trackers import Trackers
-from .update import UpdateItem, check_rollout_correction, policy_update
+from .update import UpdateItem, check_rollout_correction
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +142,12 @@ class RLRun:
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
         self.resolved = resolve_model(str(last) if last else cfg.model)
         total = sum(s.steps for s in cfg.stages)
-        self.learner: Learner | LearnerGroup
+        self.learner: LocalLearner | LearnerGroup
         if cfg.distributed == "ray":
-            from transformers import AutoTokenizer
-
             self.learner = LearnerGroup(cfg.ray, self.resolved.path, cfg.optim, total, dtype=cfg.dtype)
-            tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
         else:
-            self.learner = Learner(self.resolved.path, cfg.optim, total, dtype=cfg.dtype)
-            tokenizer = self.learner.tokenizer
+            self.learner = LocalLearner(self.resolved.path, cfg.optim, total, dtype=cfg.dtype)
+        tokenizer = self.learner.tokenizer
         self.state: dict[str, Any] = self.learner.load_state(last) if last else {}
         self.pool_ids: list[str] | None = self.state.get("pool")
         self.fmt = ChatFormat(tokenizer, cfg.format, self.resolved.spec.chat_template)
@@ -160,20 +158,21 @@ class RLRun:
 
     async def start(self) -> None:
         spec, cfg = self.resolved.spec, self.cfg
-        if isinstance(self.learner, Learner) and cfg.rollout_engine == "vllm":
+        if cfg.distributed == "ray":
+            self.engine, self.sandbox = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
+                                                            max(s.max_response_tokens for s in cfg.stages))
+        elif cfg.rollout_engine == "vllm":
             from rstar2_agent.engines.vllm import VLLMEngine
 
             options = {"kv_cache_gib": 1.0, "max_num_seqs": 64, "seed": cfg.seed, **cfg.engine_options}
             self.engine = await asyncio.to_thread(VLLMEngine, self.resolved.path, context_length=spec.context_length,
                                                   **options)
             self.sandbox = LocalSandbox(SandboxConfig(workers=2))
-        elif isinstance(self.learner, Learner):
+        else:
+            assert isinstance(self.learner, LocalLearner)  # the hf engine runs on the learner's own model
             self.engine = HFEngine(self.resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
                                    context_length=spec.context_length)
             self.sandbox = LocalSandbox(SandboxConfig(workers=2))
-        else:
-            self.engine, self.sandbox = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
-                                                            max(s.max_response_tokens for s in cfg.stages))
         await self.sandbox.start()
 
     # ------------------------------------------------------------------ data
@@ -253,21 +252,12 @@ class RLRun:
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, adv) for group in kept
                  for (t, _), adv in zip(group, grpo_advantages([r for _, r in group]), strict=True)]
         total = sum(sum(i.response_mask) for i in items)
-        pad = self.fmt.tokenizer.pad_token_id or 0
-        if isinstance(self.learner, Learner):
-            metrics = policy_update(self.learner, items, self.cfg, total, pad)
-            return {**metrics, **self.learner.optimizer_step(), "update_tokens": total}
-        return self.learner.update(items, self.cfg, total, pad)
+        return self.learner.update(items, self.cfg, total, self.fmt.tokenizer.pad_token_id or 0)
 
     async def sync_weights(self) -> float:
         """Push the new weights to the rollout engine; seconds taken (0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
-        if isinstance(self.learner, Learner):
-            if self.cfg.rollout_engine == "hf":
-                return 0.0
-            await self.engine.load_weights(self.learner.full_state_dict())
-            return time.perf_counter() - t0
-        await self.engine.load_weights(await asyncio.to_thread(self.learner.weights))
+        await self.learner.push(self.engine)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one step
@@ -333,12 +323,7 @@ class RLRun:
             await sandbox.close()
         if engine is not None:
             await engine.close()
-        if isinstance(self.learner, LearnerGroup) and self.learner.actors:
-            import ray
-
-            await asyncio.to_thread(self.learner.close)
-            if self.learner.connected_here:  # a process its user connected to Ray stays connected
-                ray.shutdown()  # leaves a cluster we joined running; stops the one we started here
+        await asyncio.to_thread(self.learner.close)
 
 
 TEST_PAUSE_ENV = "RSTAR2_TEST_PAUSE_AT"

@@ -1,0 +1,31 @@
+"""The learner in this process, with the interface the RL step uses for both learners (this one and the Ray
+`LearnerGroup` of distributed.py): `step`, `tokenizer`, `update` (one optimizer step on the kept rollouts),
+`push` (the new weights to the rollout engine), `save`, `load_state`, `reset_optimizer`, `close`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rstar2_agent.engines.base import Engine
+
+from .learner import Learner
+from .update import UpdateItem, policy_update
+
+
+class LocalLearner(Learner):
+    def update(self, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int) -> dict[str, float]:
+        """The PPO pass over `items` and one optimizer step; the step's metrics."""
+        metrics = policy_update(self, items, cfg, total_tokens, pad_id)
+        return {**metrics, **self.optimizer_step(), "update_tokens": total_tokens}
+
+    def shares_weights(self, engine: Engine) -> bool:
+        """The hf engine built on this learner's own model needs no push: an update is live at once."""
+        return getattr(engine, "model", None) is self.model
+
+    async def push(self, engine: Engine) -> None:
+        """The current weights into `engine` (vLLM in this process loads the state dict; a shared model: nothing)."""
+        if not self.shares_weights(engine):
+            await engine.load_weights(self.full_state_dict())
+
+    def close(self) -> None:
+        """Nothing to stop: the model goes with the process."""
