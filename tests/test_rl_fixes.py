@@ -75,7 +75,8 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
 
     gone = OpenAIEngine(f"http://127.0.0.1:{free_port()}", model="m", tokenizer=smol_tokenizer, context_length=2048)
     run = RLRun.__new__(RLRun)  # the rollout phase needs only the engine, the sandbox, the format and the config
-    run.cfg, run.engine, run.sandbox = RLConfig(), gone, sandbox
+    run.cfg = RLConfig()
+    run.attach(gone, sandbox)
     run.fmt = ChatFormat(smol_tokenizer, "hermes")
     try:
         with pytest.raises(EngineError, match=r"all 4 rollouts of step 3 failed .*ConnectError.*--resume"):

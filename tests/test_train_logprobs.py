@@ -93,7 +93,7 @@ def test_tis_weights_are_capped_detached_and_scale_the_per_token_loss():
 
 
 def test_rollout_correction_is_validated_before_anything_loads(tmp_path):
-    with pytest.raises(ValueError, match=r"rollout_correction must be one of none, tis, not 'is'"):
+    with pytest.raises(ValueError, match=r"rollout_correction must be one of auto, none, tis, not 'is'"):
         RLRun(RLConfig(rollout_correction="is", model=str(tmp_path / "absent")))
     with pytest.raises(ValueError, match=r"tis_cap must be a positive number"):
         RLRun(RLConfig(rollout_correction="tis", tis_cap=0.0, model=str(tmp_path / "absent")))

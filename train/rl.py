@@ -41,6 +41,7 @@ from .loss import grpo_advantages
 from .recipe import dump
 from .roc import Group, RolloutStats, check_sizes, release_penalty, resample_on_correct
 from .sft import checkpoints
+from .staleness import VersionGate, Versions, lag_metrics
 from .trackers import Trackers
 from .update import UpdateItem, check_rollout_correction
 
@@ -82,8 +83,15 @@ class RLConfig:
     # by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
     # correction, rollout_is_threshold 2.0); off as in the release. Logprobs of both are at `temperature`: with
     # top_p < 1 the engine's are renormalized over the nucleus and the learner's are not, so keep top_p 1 here
-    rollout_correction: str = "none"  # none or tis
+    # auto: none with max_staleness 0 (the release), tis with max_staleness >= 1 (then the loss is decoupled PPO, as
+    # AReaL's: clipped against the learner's proximal logprobs, weighted by the truncated ratio to the behaviour policy)
+    rollout_correction: str = "auto"  # auto, none or tis
     tis_cap: float = 2.0
+    # bounded staleness: 0, the paper's synchronous step; k >= 1: the rollouts of the next k steps are generated while
+    # the learner updates, on weights at most k updates old (train/staleness.py). Needs a rollout engine with its own
+    # weights (rollout_engine: vllm, or distributed: ray)
+    max_staleness: int = 0
+    partial_rollouts: bool = False  # a push interrupts the generations in flight, which go on with the new weights
     micro_batch: int = 8  # trajectories per forward pass
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
@@ -110,6 +118,28 @@ class RLConfig:
         return 2 * self.group_size if self.roc else self.group_size
 
 
+@dataclass
+class Batch:
+    """One step's rollouts as the learner receives them: per prompt, the (trajectory, reward) group, each
+    rollout's policy version (its oldest token's) and seconds; and the times of its phases."""
+    step: int
+    prompts: list[tuple[str, str, str]]
+    groups: list[list[tuple[Trajectory, float]]]
+    versions: list[list[int]]
+    seconds: list[list[float]]
+    times: dict[str, float]
+
+
+def check_staleness(cfg: RLConfig) -> None:
+    if not isinstance(cfg.max_staleness, int) or cfg.max_staleness < 0:
+        raise ValueError(f"max_staleness must be 0 (synchronous) or a positive number of policy versions, not "
+                         f"{cfg.max_staleness!r}")
+    if (cfg.max_staleness or cfg.partial_rollouts) and cfg.distributed == "none" and cfg.rollout_engine == "hf":
+        raise ValueError("max_staleness >= 1 and partial_rollouts need a rollout engine with its own weights: the hf "
+                         "engine in this process shares the learner's model, which the update changes under it. Set "
+                         "rollout_engine: vllm (or distributed: ray)")
+
+
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
     """(stage index, step within it) of a global step."""
     for i, s in enumerate(stages):
@@ -130,7 +160,10 @@ class RLRun:
     """One RL run: the learner (in this process, or a Ray learner group), the rollout engine (the hf engine on
     the learner's own weights, or Ray rollout workers behind a replica pool), the sandbox, the grader."""
 
-    def __init__(self, cfg: RLConfig, resume: bool = False):
+    _generating = 0  # batches generating now
+    _idle_since: float | None = None  # when the engine last ran out of rollouts to generate
+
+    def __init__(self, cfg: RLConfig, resume: bool = False, engine: Any = None):
         if cfg.distributed not in ("none", "ray"):
             raise ValueError(f"distributed must be none or ray, not {cfg.distributed!r}")
         if cfg.rollout_engine not in ("hf", "vllm"):
@@ -138,6 +171,9 @@ class RLRun:
         if cfg.roc:
             check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
         check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
+        check_staleness(cfg)
+        if cfg.rollout_correction == "auto":
+            cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.cfg = cfg
         last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
         self.resolved = resolve_model(str(last) if last else cfg.model)
@@ -154,11 +190,15 @@ class RLRun:
         self.context_length = self.resolved.spec.context_length
         self.grader = MathGrader(extraction=cfg.answer_extraction or default_extraction(cfg.format))
         self.engine: Any = None
+        self.given_engine = engine  # a rollout engine the caller started (and stops): the tests share one
+        self.gate: Any = None  # the engine behind a VersionGate: what the rollouts call
         self.sandbox: Any = None
 
     async def start(self) -> None:
         spec, cfg = self.resolved.spec, self.cfg
-        if cfg.distributed == "ray":
+        if self.given_engine is not None:
+            self.engine, self.sandbox = self.given_engine, LocalSandbox(SandboxConfig(workers=2))
+        elif cfg.distributed == "ray":
             self.engine, self.sandbox = await start_rollout(cfg.ray, self.resolved.path, spec.context_length,
                                                             max(s.max_response_tokens for s in cfg.stages))
         elif cfg.rollout_engine == "vllm":
@@ -173,7 +213,14 @@ class RLRun:
             self.engine = HFEngine(self.resolved.path, model=self.learner.model, tokenizer=self.learner.tokenizer,
                                    context_length=spec.context_length)
             self.sandbox = LocalSandbox(SandboxConfig(workers=2))
+        self.attach(self.engine, self.sandbox, version=self.learner.step)
         await self.sandbox.start()
+
+    def attach(self, engine: Any, sandbox: Any, version: int = 0) -> None:
+        """The rollout engine (behind its version gate, at `version`) and the sandbox the rollouts use."""
+        self.engine, self.sandbox = engine, sandbox
+        self.gate = VersionGate(engine, partial=self.cfg.partial_rollouts)
+        self.gate.version = version
 
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
@@ -205,15 +252,33 @@ class RLRun:
     async def rollouts(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int
                        ) -> list[list[tuple[Trajectory, float]]]:
         """n rollouts per prompt, then their rewards; `self.times` keeps how long each phase took."""
+        batch = await self.batch(prompts, n, stage, step)
+        self.times = batch.times
+        return batch.groups
+
+    async def batch(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int) -> Batch:
+        """n rollouts per prompt through the version gate, then their rewards, with the versions they came from,
+        their seconds, and the phases' times: `rollout_wait_s` is how long the engine had no rollouts to generate
+        before this batch (it waited for weights) plus the longest wait of one of them at a push in progress."""
         t0 = time.perf_counter()
+        idle = t0 - self._idle_since if self._generating == 0 and self._idle_since is not None else 0.0
+        self._generating += 1
 
-        async def one(question: str, key: str) -> Trajectory:
-            traj = await self.rollout(question, stage, key)
+        async def one(question: str, key: str) -> tuple[Trajectory, Versions, float]:
+            async with self.gate.trajectory() as versions:
+                start = time.perf_counter()
+                traj = await self.rollout(question, stage, key)
             pause_for_test("rollout", step + 1)  # the step's first rollout is done, the others are in flight
-            return traj
+            return traj, versions, time.perf_counter() - start
 
-        trajs = await asyncio.gather(*(one(question, f"{self.cfg.seed}:{step}:{pid}:{k}")
-                                       for pid, question, _ in prompts for k in range(n)))
+        try:
+            done = await asyncio.gather(*(one(question, f"{self.cfg.seed}:{step}:{pid}:{k}")
+                                          for pid, question, _ in prompts for k in range(n)))
+        finally:
+            self._generating -= 1
+            if self._generating == 0:
+                self._idle_since = time.perf_counter()
+        trajs = [t for t, _, _ in done]
         t1 = time.perf_counter()
         if trajs and all(t.stop_reason == "engine_error" for t in trajs):  # a dead engine: stop before an update
             raise EngineError(f"all {len(trajs)} rollouts of step {step} failed in the rollout engine "
@@ -221,9 +286,12 @@ class RLRun:
                               "with --resume")
         golds = [gold for _, _, gold in prompts for _ in range(n)]
         rewards = await asyncio.gather(*(self.reward(t, gold) for t, gold in zip(trajs, golds, strict=True)))
-        self.times = {"time_rollout": t1 - t0, "time_grading": time.perf_counter() - t1}
+        times = {"time_rollout": t1 - t0, "time_grading": time.perf_counter() - t1,
+                 "rollout_wait_s": idle + max((v.gate_wait for _, v, _ in done), default=0.0)}
         results = list(zip(trajs, rewards, strict=True))
-        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return Batch(step, prompts, [results[i * n:(i + 1) * n] for i in range(len(prompts))],
+                     [[v.oldest for _, v, _ in done[i * n:(i + 1) * n]] for i in range(len(prompts))],
+                     [[s for _, _, s in done[i * n:(i + 1) * n]] for i in range(len(prompts))], times)
 
     async def rollout(self, question: str, stage: Stage, key: str) -> Trajectory:
         """One trajectory through the shared agent loop; its sampling seed is a function of `key`."""
@@ -231,7 +299,7 @@ class RLRun:
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=stage.max_response_tokens,
                                   seed=zlib.crc32(key.encode()) & 0x7FFFFFFF)
         acfg = AgentConfig(max_turns=stage.max_turns, max_response_tokens=stage.max_response_tokens, sampling=sampling)
-        return await run_agent(question, self.engine, self.sandbox, self.fmt, acfg)
+        return await run_agent(question, self.gate, self.sandbox, self.fmt, acfg)
 
     async def reward(self, traj: Trajectory, gold: str) -> float:
         """1 if the final answer is right and the rollout was not cut off, else 0; no length penalty."""
@@ -255,7 +323,7 @@ class RLRun:
         return self.learner.update(items, self.cfg, total, self.fmt.tokenizer.pad_token_id or 0)
 
     async def sync_weights(self) -> float:
-        """Push the new weights to the rollout engine; seconds taken (0 with the hf engine: shared weights)."""
+        """Push the new weights to the rollout engine; seconds taken (~0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
         await self.learner.push(self.engine)
         return time.perf_counter() - t0
@@ -263,10 +331,34 @@ class RLRun:
     # ------------------------------------------------------------------ one step
     async def step(self, step: int, stage: Stage, pool: dict[str, tuple[str, str]], store: Store | None,
                    run_id: int | None) -> dict[str, float]:
-        cfg = self.cfg
-        prompts = self.prompts(pool, step)
-        n = cfg.rollouts_per_prompt
-        groups = await self.rollouts(prompts, n, stage, step)
+        """One synchronous step: the step's rollouts, then `learn` on them."""
+        return await self.learn(await self.batch(self.prompts(pool, step), self.cfg.rollouts_per_prompt, stage, step),
+                                store, run_id)
+
+    def launch(self, pending: dict[int, asyncio.Task], first: int, pool: dict[str, tuple[str, str]]) -> None:
+        """Start generating the batches of steps first .. first + max_staleness that are not started yet, within
+        first's stage (a stage's start waits for the previous updates: its filter and data need the current
+        policy). Called when the learner's version is `first` (it has made `first` updates): so no batch is
+        generated on weights more than max_staleness updates older than the update that trains on it."""
+        total = sum(s.steps for s in self.cfg.stages)
+        index = stage_of(self.cfg.stages, first)[0] if first < total else -1
+        for t in range(first, min(total, first + self.cfg.max_staleness + 1)):
+            if stage_of(self.cfg.stages, t)[0] != index:
+                break
+            if t not in pending:
+                stage = self.cfg.stages[index]
+                pending[t] = asyncio.ensure_future(self.batch(self.prompts(pool, t), self.cfg.rollouts_per_prompt,
+                                                              stage, t))
+
+    async def learn(self, batch: Batch, store: Store | None, run_id: int | None) -> dict[str, float]:
+        """RoC on the batch's groups, the update (in a thread: the rollouts of later steps go on meanwhile), the
+        push of the new weights through the gate, the step's metrics, and its rollouts to the store. Groups with a
+        rollout more than max_staleness versions older than the learner are dropped (the schedule never makes
+        one: `stale_groups_dropped` says so)."""
+        cfg, step = self.cfg, batch.step
+        oldest_allowed = self.learner.step - cfg.max_staleness
+        fresh = [i for i, vs in enumerate(batch.versions) if min(vs, default=oldest_allowed) >= oldest_allowed]
+        groups = [batch.groups[i] for i in fresh]
         stats = [[rollout_stats(t, r, self.fmt) for t, r in g] for g in groups]
         if cfg.roc:
             kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
@@ -278,12 +370,19 @@ class RLRun:
         else:
             kept = [g for g in groups if len({r for _, r in g}) > 1]
             roc_metrics = {"roc_dropped_groups": len(groups) - len(kept)}
+        version = self.learner.step
         t1 = time.perf_counter()
-        upd = self.update(kept)  # nothing kept: no gradient, the step and schedule still advance
+        upd = await asyncio.to_thread(self.update, kept)  # nothing kept: no gradient, the step still advances
         pause_for_test("update", step + 1)  # the weights moved in memory; nothing of the step is recorded or saved
         t_update = time.perf_counter() - t1
-        t_sync = await self.sync_weights() if kept else 0.0
-        flat = [(t, r) for g in groups for t, r in g]
+        t_sync = push_wait = 0.0
+        if kept:
+            t2 = time.perf_counter()
+            push_wait = await self.gate.push(self.sync_weights)
+            t_sync = time.perf_counter() - t2 - push_wait
+        else:
+            self.gate.advance()
+        flat = [(t, r) for g in batch.groups for t, r in g]
         positives = [t for t, r in flat if r > 0]
         kept_pos = [t for g in kept for t, r in g if r > 0]
         gen_tokens = sum(t.num_generated_tokens for t, _ in flat)
@@ -299,12 +398,14 @@ class RLRun:
                                          if positives else 0.0),
             "engine_errors": sum(t.stop_reason == "engine_error" for t, _ in flat),
             "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
-            **self.times, "time_update": t_update, "time_weight_sync": t_sync,
-            "rollout_tokens_per_s": gen_tokens / self.times["time_rollout"],
+            **batch.times, "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,
+            "rollout_tokens_per_s": gen_tokens / batch.times["time_rollout"],
+            **lag_metrics(version, [v for i in fresh for v in batch.versions[i]]),
+            "stale_groups_dropped": len(batch.groups) - len(fresh),
             **roc_metrics, **upd,
         }
         if store is not None:
-            await asyncio.to_thread(_store_rollouts, store, run_id, step, prompts, groups, self.grader.extraction)
+            await asyncio.to_thread(_store_rollouts, store, run_id, batch, self.grader.extraction)
         return metrics
 
     def save(self, step: int, stage_index: int) -> Path:
@@ -321,7 +422,7 @@ class RLRun:
         sandbox, engine, self.sandbox, self.engine = self.sandbox, self.engine, None, None
         if sandbox is not None:
             await sandbox.close()
-        if engine is not None:
+        if engine is not None and engine is not self.given_engine:
             await engine.close()
         await asyncio.to_thread(self.learner.close)
 
@@ -349,15 +450,18 @@ def _tool_error_ratio(trajs: list[Trajectory]) -> float:
     return sum(c.failed for t in trajs for c in t.tool_calls) / calls if calls else 0.0
 
 
-def _store_rollouts(store: Store, run_id: int, step: int, prompts, groups, extraction: str) -> None:
-    """Every rollout as a sample of the run (the eval report renders them), stored as eval stores its samples."""
+def _store_rollouts(store: Store, run_id: int, batch: Batch, extraction: str) -> None:
+    """Every rollout as a sample of the run (the eval report renders them), stored as eval stores its samples, with
+    the policy version it came from (its oldest token's) and its seconds."""
     from rstar2_agent.chat_format import extract_answer
 
-    for (pid, question, gold), group in zip(prompts, groups, strict=True):
+    for (pid, question, gold), group, versions, seconds in zip(batch.prompts, batch.groups, batch.versions,
+                                                                batch.seconds, strict=True):
         for k, (traj, reward) in enumerate(group):
-            row = sample_row(run_id, f"step{step:05d}/{pid}", k, traj, correct=reward > 0,
+            row = sample_row(run_id, f"step{batch.step:05d}/{pid}", k, traj, correct=reward > 0,
                              answer=extract_answer(traj.text, extraction), gold=gold,
-                             details={"question": question, "step": step})
+                             details={"question": question, "step": batch.step, "version": versions[k],
+                                      "seconds": round(seconds[k], 3)})
             store.add_sample(row, traj.to_dict())
 
 
@@ -374,9 +478,10 @@ def forget_unsaved(store: Store, run_id: int, done: int) -> None:
 
 
 async def run_rl(cfg: RLConfig, resume: bool = False,
-                 on_step: Callable[[int, int, dict[str, float]], None] | None = None
+                 on_step: Callable[[int, int, dict[str, float]], None] | None = None, engine: Any = None
                  ) -> tuple[Path, list[dict[str, float]]]:
-    """Train every stage; returns the final checkpoint folder and each step's metrics.
+    """Train every stage; returns the final checkpoint folder and each step's metrics. `engine`: a rollout engine
+    already running to use (and leave running) instead of starting the configured one.
 
     Exactly once, whatever the moment of a kill: the checkpoint is the only thing a resume trusts, and the store
     follows it. A step's rollouts and then its metrics are written as soon as the step ends (so `rstar2 train
@@ -389,7 +494,7 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
     metrics and the checkpoint. Writing a step's records in the checkpoint's own commit instead would hide every
     step until its checkpoint is on disk, and a checkpoint is not a database transaction.
     """
-    run = RLRun(cfg, resume)
+    run = RLRun(cfg, resume, engine)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out) / "recipe.yaml").write_text(dump(cfg))
     store = Store(cfg.db)
@@ -403,28 +508,43 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
                         wandb_project=cfg.wandb_project, first_step=run.learner.step + 1)
     try:
         await run.start()
-        while run.learner.step < total:
-            step = run.learner.step
-            index, within = stage_of(cfg.stages, step)
-            stage = cfg.stages[index]
-            if within == 0:  # a stage starts
-                run.pool_ids = None
-                if stage.filter_solved:
-                    await run.filter_solved(stage, stage.filter_solved)
-                if stage.reset_optimizer:
-                    run.learner.reset_optimizer()
-            metrics = await run.step(step, stage, run.pool(stage), store, row.id)
-            metrics["stage"] = index
-            history.append(metrics)
-            pause_for_test("stored", run.learner.step)
-            store.add_metrics(row.id, run.learner.step, metrics)
-            trackers.log(run.learner.step, metrics)
-            if on_step:
-                on_step(run.learner.step, total, metrics)
-            pause_for_test("recorded", run.learner.step)
-            stage_end = within + 1 == stage.steps
-            if stage_end or (cfg.save_every and run.learner.step % cfg.save_every == 0):
-                final = run.save(run.learner.step, index)
+        pending: dict[int, asyncio.Task] = {}  # the batches generating ahead of the learner (max_staleness)
+        pool: dict[str, tuple[str, str]] | None = None
+        try:
+            while run.learner.step < total:
+                step = run.learner.step
+                index, within = stage_of(cfg.stages, step)
+                stage = cfg.stages[index]
+                if within == 0:  # a stage starts (nothing of it was generated ahead: `launch` stops at stages)
+                    run.pool_ids = None
+                    if stage.filter_solved:
+                        await run.filter_solved(stage, stage.filter_solved)
+                    if stage.reset_optimizer:
+                        run.learner.reset_optimizer()
+                if within == 0 or pool is None:
+                    pool = run.pool(stage)
+                t0 = time.perf_counter()
+                run.launch(pending, step, pool)
+                batch = await pending.pop(step)
+                waited = time.perf_counter() - t0
+                metrics = await run.learn(batch, store, row.id)
+                if within + 1 < stage.steps:
+                    run.launch(pending, step + 1, pool)  # at once: the next batches need only this push
+                metrics |= {"stage": index, "learner_wait_s": waited, "step_time": time.perf_counter() - t0}
+                history.append(metrics)
+                pause_for_test("stored", run.learner.step)
+                store.add_metrics(row.id, run.learner.step, metrics)
+                trackers.log(run.learner.step, metrics)
+                if on_step:
+                    on_step(run.learner.step, total, metrics)
+                pause_for_test("recorded", run.learner.step)
+                stage_end = within + 1 == stage.steps
+                if stage_end or (cfg.save_every and run.learner.step % cfg.save_every == 0):
+                    final = run.save(run.learner.step, index)
+        finally:  # batches generated ahead of a stop are not trained on; a resume generates them again
+            for task in pending.values():
+                task.cancel()
+            await asyncio.gather(*pending.values(), return_exceptions=True)
         store.set_status(row.id, "finished")
     except BaseException:
         store.set_status(row.id, "interrupted")

@@ -22,7 +22,7 @@ import torch
 from .learner import Learner
 from .loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
 
-ROLLOUT_CORRECTIONS = ("none", "tis")
+ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
 
 
 @dataclass
@@ -38,7 +38,8 @@ class UpdateItem:
 def check_rollout_correction(mode: str, cap: float) -> None:
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, not {mode!r} "
-                         "(tis: truncated importance weights against the rollout engine's policy)")
+                         "(tis: truncated importance weights against the rollout engine's policy; auto: none, or tis "
+                         "when max_staleness >= 1)")
     if not cap > 0:
         raise ValueError(f"tis_cap must be a positive number (verl's default is 2.0), not {cap!r}")
 

@@ -1,0 +1,114 @@
+"""Bounded staleness (`max_staleness`, train/staleness.py): the version gate on the real in-process vLLM engine
+(a push waits for whole rollouts, or interrupts and continues partial ones with every token's version kept), and
+`run_rl` with max_staleness 1 on the session's shared engine: the lag stays within the bound, is above 0 where the
+schedule overlaps, the loss gets the behaviour weights, each step is stored once with its rollouts' versions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl
+from rstar2_agent.train.staleness import VersionGate, lag_metrics
+
+from conftest import count_prompt
+
+
+def test_max_staleness_needs_an_engine_with_its_own_weights(tmp_path):
+    with pytest.raises(ValueError, match="rollout_engine: vllm"):
+        RLRun(RLConfig(max_staleness=1, model=str(tmp_path / "absent")))
+    with pytest.raises(ValueError, match="max_staleness must be 0"):
+        RLRun(RLConfig(max_staleness=-1, rollout_engine="vllm", model=str(tmp_path / "absent")))
+
+
+def test_lag_is_the_learner_version_minus_the_oldest_token():
+    assert lag_metrics(5, [5, 4, 4, 3]) == {"policy_lag_max": 2.0, "policy_lag_mean": 1.0}
+    assert lag_metrics(0, []) == {"policy_lag_max": 0.0, "policy_lag_mean": 0.0}
+
+
+def original_weights(engine):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(engine.model_path, "model.safetensors"))
+
+
+async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(vllm_engine):
+    gate = VersionGate(vllm_engine)
+    weights = original_weights(vllm_engine)
+    ids = count_prompt(vllm_engine.tokenizer)
+    long = SamplingParams(temperature=1.0, max_tokens=96, seed=3, ignore_eos=True)
+    loaded: list[int] = []
+
+    async def load():
+        loaded.append(gate.version)
+        await vllm_engine.load_weights(weights)
+
+    async def rollout():
+        async with gate.trajectory() as versions:
+            gen = await gate.generate(ids, long)
+        return gen, versions
+
+    first = asyncio.ensure_future(rollout())
+    await asyncio.sleep(0.5)  # in flight
+    push = asyncio.ensure_future(gate.push(load))
+    await asyncio.sleep(0)
+    late = asyncio.ensure_future(rollout())  # arrives while the push waits: starts after it
+    drained = await push
+    (gen, v_first), (_, v_late) = await first, await late
+    assert first.done() and loaded == [0] and gate.version == 1
+    assert len(gen.token_ids) == 96 and v_first.pieces == [(0, 96)]  # all of it from version 0
+    assert v_late.pieces == [(1, 96)] and v_late.gate_wait > 0 and drained > 0
+
+
+async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new_weights(vllm_engine):
+    gate = VersionGate(vllm_engine, partial=True)
+    weights = original_weights(vllm_engine)
+    ids = count_prompt(vllm_engine.tokenizer)
+    heard: list[int] = []
+    sampling = SamplingParams(temperature=1.0, max_tokens=160, seed=4, ignore_eos=True)
+
+    async def rollout():
+        async with gate.trajectory() as versions:
+            gen = await gate.generate(ids, sampling, lambda new, lps: heard.extend(new))
+        return gen, versions
+
+    task = asyncio.ensure_future(rollout())
+    for _ in range(600):  # until some tokens are out
+        if len(heard) >= 8:
+            break
+        await asyncio.sleep(0.05)
+    assert await gate.push(lambda: vllm_engine.load_weights(weights)) == 0.0  # no waiting for the rollout
+    gen, versions = await task
+    assert gate.interrupted == 1 and gate.version == 1
+    assert len(gen.token_ids) == len(gen.logprobs) == 160 and heard == gen.token_ids
+    (v0, n0), (v1, n1) = versions.pieces
+    assert (v0, v1) == (0, 1) and n0 >= 8 and n1 > 0 and n0 + n1 == 160 and versions.oldest == 0
+
+
+@pytest.mark.slow
+async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, vllm_engine):
+    """Three steps on the shared engine (the learner starts from its weights; they are restored after)."""
+    from rstar2_agent.store import Store
+
+    cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=3, max_response_tokens=48, max_turns=2, data_size=8)],
+                   prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
+                   out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown", dtype="fp32",
+                   rollout_engine="vllm", max_staleness=1, save_every=1)
+    try:
+        _, history = await run_rl(cfg, engine=vllm_engine)
+    finally:
+        await vllm_engine.load_weights(original_weights(vllm_engine))
+    # batches 0 and 1 start at once on version 0; batch 2 right after the first push, on version 1
+    assert [h["policy_lag_max"] for h in history] == [0, 1, 1]
+    assert all(h["stale_groups_dropped"] == 0 for h in history)
+    assert all(k in h for h in history for k in ("learner_wait_s", "rollout_wait_s", "step_time", "push_wait_s"))
+    assert all("tis_weight_mean" in h for h in history if h["update_tokens"])  # the decoupled loss's weights
+    store = Store(cfg.db)
+    (run,) = store.runs("rl")
+    samples = store.samples(run.id)
+    assert store.last_step(run.id) == 3 and len(samples) == 3 * 2 * 4  # each step once
+    assert {(s.details["step"], s.details["version"]) for s in samples} == {(0, 0), (1, 0), (2, 1)}
+    assert all(s.details["seconds"] > 0 for s in samples)
