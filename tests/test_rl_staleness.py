@@ -89,6 +89,7 @@ async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, vllm_engine):
     """Three steps on the shared engine (the learner starts from its weights; they are restored after)."""
     from rstar2_agent.store import Store
@@ -112,3 +113,48 @@ async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, v
     assert store.last_step(run.id) == 3 and len(samples) == 3 * 2 * 4  # each step once
     assert {(s.details["step"], s.details["version"]) for s in samples} == {(0, 0), (1, 0), (2, 1)}
     assert all(s.details["seconds"] > 0 for s in samples)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vllm_engine):
+    """Learning under lag, with real rollouts from the shared engine and rewards set by hand (the base model solves
+    none of these): batches A and B are both generated on version 0; the update on A moves the learner to version
+    1 and is pushed; B, now one version old, is trained with the decoupled loss (the ratio against the learner's
+    proximal logprobs, the truncated weight to the engine's): its advantage-weighted logprob under the learner
+    rises, and the step reports the lag."""
+    from rstar2_agent.train.learner import OptimConfig
+    from rstar2_agent.train.loss import grpo_advantages
+    from rstar2_agent.train.rl import Batch
+    from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs
+
+    cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
+                   prompts_per_step=1, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
+                   out=str(tmp_path / "rl"), format="markdown", dtype="fp32", rollout_engine="vllm",
+                   max_staleness=1, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"))
+    run = RLRun(cfg, engine=vllm_engine)
+
+    def graded(batch: Batch) -> Batch:  # 2 "right", 2 "wrong" in each group
+        batch.groups = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in batch.groups]
+        return batch
+
+    def weighted_logprob(batch: Batch) -> float:
+        items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in batch.groups
+                 for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
+        parts = micro_batches(items, cfg.micro_batch, run.fmt.tokenizer.pad_token_id or 0)
+        olds = old_logprobs(run.learner, parts, cfg.temperature)
+        return sum(float((b["adv"][:, 1:] * b["mask"][:, 1:] * o).sum()) for b, o in zip(parts, olds, strict=True))
+
+    try:
+        await run.start()
+        stage, pool = cfg.stages[0], run.pool(cfg.stages[0])
+        a, b = await asyncio.gather(*(run.batch(run.prompts(pool, s), 4, stage, s) for s in (0, 1)))
+        first = await run.learn(graded(a), None, None)
+        assert first["policy_lag_max"] == 0 and run.gate.version == 1 and run.learner.step == 1
+        before = weighted_logprob(graded(b))
+        second = await run.learn(b, None, None)
+        assert second["policy_lag_max"] == 1 and second["update_tokens"] > 0 and "tis_weight_mean" in second
+        assert weighted_logprob(b) > before
+    finally:
+        await run.close()
+        await vllm_engine.load_weights(original_weights(vllm_engine))
