@@ -33,6 +33,13 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def pytest_configure(config) -> None:
+    """The 40 slowest tests are listed after every run (CI's log shows where the suite's time goes), unless the
+    command line asks for another number."""
+    if not config.option.durations:
+        config.option.durations = 40
+
+
 async def until(condition, what: str, timeout: float = 20.0) -> None:
     """Wait for `condition()` (a plain or an async callable) to hold, polling every 20 ms; fail after `timeout`
     seconds naming what was awaited. For waits on a state the test can observe, instead of a fixed sleep."""
