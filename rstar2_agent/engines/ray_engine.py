@@ -115,6 +115,7 @@ class RayEngine(Engine):
         self.max_batch = int(info.get("max_batch") or 1)
         self.spawn, self.max_restarts = spawn, max_restarts
         self.restarts = 0
+        self.reruns = 0  # requests sent again after their actor died
         self.incarnation = 0  # +1 at each replacement (the learner group rebuilds its weight-sync group then)
         # what a replacement loads: None (the model's own weights), an object reference, or an async callable
         # returning one (the learner group's last pushed weights)
@@ -141,6 +142,7 @@ class RayEngine(Engine):
                 return await getattr(actor, method).remote(*args)
             except ray.exceptions.RayActorError as e:
                 await self.replace(incarnation, e)
+                self.reruns += 1
             except Exception as e:  # noqa: BLE001 - Ray wraps the engine's own error: not a death, not retried
                 raise EngineError(f"rollout worker {self.index} failed: {_cause(e)}") from e
         raise EngineError(f"rollout worker {self.index} kept dying: raise RayConfig.max_worker_restarts or see "
