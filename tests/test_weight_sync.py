@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from rstar2_agent.engines.weight_sync import WeightGroup, WeightSyncError, plan
+from rstar2_agent.engines.weight_sync import WeightGroup, WeightSyncError, nbytes, plan
 
 from conftest import free_port
 
@@ -46,21 +46,25 @@ def test_plan_splits_by_dtype_and_size():
 def test_a_state_dict_arrives_exact_in_buckets():
     torch.manual_seed(0)
     state = {"embed.weight": torch.randn(300, 64), "norm.weight": torch.randn(64).to(torch.bfloat16),
-             "lm_head.weight": torch.randn(300, 64), "steps": torch.tensor([7, 8], dtype=torch.int64)}
-    buckets = plan({k: (v.dtype, tuple(v.shape)) for k, v in state.items()}, bucket_mb=0.1)
+             "out.weight": torch.randn(300, 64), "steps": torch.tensor([7, 8], dtype=torch.int64)}
+    state["lm_head.weight"] = state["embed.weight"]  # tied: travels once
+    buckets = plan({k: (v.dtype, tuple(v.shape)) for k, v in state.items()}, bucket_mb=0.1,
+                   aliases={"lm_head.weight": "embed.weight"})
     assert len(buckets) >= 4  # the two 75 KiB matrices do not share one 100 KiB bucket
+    assert nbytes(buckets) == sum(v.numel() * v.element_size() for k, v in state.items() if k != "lm_head.weight")
     sender, *receivers = members(3, timeout_s=30)
     got: list[dict] = [{}, {}]
     threads = [threading.Thread(target=lambda i=i: got[i].update(receivers[i].receive(buckets))) for i in range(2)]
     for t in threads:
         t.start()
-    assert sender.send(state, buckets) == sum(v.numel() * v.element_size() for v in state.values())
+    kept = sender.send(state, buckets)  # what rank 0 keeps for a replacement worker: the same, on the CPU
     for t in threads:
         t.join(60)
-    for g in got:
+    for g in (*got, kept):
         assert set(g) == set(state)
         for k, v in state.items():
             assert g[k].dtype == v.dtype and torch.equal(g[k], v), k
+        assert g["lm_head.weight"].data_ptr() == g["embed.weight"].data_ptr()
     for m in (sender, *receivers):
         m.close()
 

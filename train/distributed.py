@@ -136,9 +136,12 @@ class LearnerActor:
         from rstar2_agent.engines.weight_sync import plan
 
         cast = torch.bfloat16 if dtype == "bf16" else None
+        model = self.learner.model
         shapes = {k: (cast if cast is not None and v.is_floating_point() else v.dtype, tuple(v.shape))
-                  for k, v in self.learner.model.state_dict().items()}
-        return plan(shapes, bucket_mb)
+                  for k, v in model.state_dict().items()}
+        first: dict[int, str] = {}  # tied parameters (one Parameter under two names) travel once
+        aliases = {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
+        return plan(shapes, bucket_mb, {k: v for k, v in aliases.items() if k != v and k in shapes})
 
     def join_weight_group(self, host: str, port: int, world: int, device: str, timeout_s: float) -> None:
         from rstar2_agent.engines.weight_sync import WeightGroup
@@ -152,9 +155,9 @@ class LearnerActor:
             group.close()
 
     def send_weights(self, buckets: list[Any]) -> int:
-        """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group, then keeps a copy of what
-        it sent (a replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
-        import torch
+        """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
+        replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
+        from rstar2_agent.engines.weight_sync import nbytes
 
         state = self.learner.full_state_dict()
         if self.rank != 0:
@@ -165,11 +168,9 @@ class LearnerActor:
         if names != set(state):
             raise RuntimeError(f"the weight plan and the state dict differ ({sorted(names ^ set(state))[:5]}): "
                                f"rebuild the weight-sync group")
-        sent = self.group.send(state, buckets)
-        dtypes = {e.name: getattr(torch, b.dtype) for b in buckets for e in b.entries}
-        self.pushed = {k: v.detach().to("cpu", dtypes[k], copy=True) for k, v in state.items()}
+        self.pushed = self.group.send(state, buckets)
         self.pushed_ref_ = []
-        return sent
+        return nbytes(buckets)
 
     def pushed_ref(self) -> list[Any]:
         """Rank 0: [an object reference to the last pushed weights] (put once per push), or [] before any."""

@@ -24,7 +24,7 @@ MODES = ("collective", "object_store")
 class PushBench:
     model: str
     workers: int
-    megabytes: float  # the state dict as pushed
+    megabytes: float  # the state dict as the collective sends it (tied weights once)
     seconds: dict[str, list[float]] = field(default_factory=dict)  # per mode, per round
 
     def median(self, mode: str) -> float:
@@ -41,6 +41,7 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     import ray
 
     from rstar2_agent.engines.base import SamplingParams
+    from rstar2_agent.engines.weight_sync import nbytes
     from rstar2_agent.models import resolve_model
 
     from .distributed import LearnerGroup, RayConfig, start_rollout
@@ -57,7 +58,7 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
             cfg.weight_push = mode
             await group.push(pool)
         row = PushBench(model, workers,
-                        sum(e.numel * _itemsize(b.dtype) for b in group.plan for e in b.entries) / 2**20,
+                        nbytes(group.plan) / 2**20,
                         {m: [] for m in MODES})
         for r in range(rounds):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
@@ -78,9 +79,3 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
         group.close()
         if ray.is_initialized():
             ray.shutdown()
-
-
-def _itemsize(dtype: str) -> int:
-    import torch
-
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()

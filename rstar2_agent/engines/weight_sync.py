@@ -7,8 +7,8 @@ by whoever made it (it is not torch.distributed's default group, so a learner ra
 join it too, and a replacement rollout worker can be given a fresh group without touching the learner's).
 Rank 0 sends the state dict as flat buckets (one dtype each, at most `bucket_mb`, in a fixed order that the
 `plan` gives every rank beforehand); the workers receive into buffers of the same layout and cut them back
-into named tensors. Every wait (the rendezvous, each bucket) has a timeout and fails with a `WeightSyncError`
-that names what was awaited.
+into named tensors. Names that share one tensor (tied embeddings) travel once. Every wait (the rendezvous, each
+bucket) has a timeout and fails with a `WeightSyncError` that names what was awaited.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Entry:
     shape: tuple[int, ...]
     offset: int  # in elements, inside its bucket
     numel: int
+    same_as: str | None = None  # a name whose tensor this one shares (tied weights): it takes no space
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,12 @@ class Bucket:
     entries: tuple[Entry, ...]
 
 
-def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: float = 256.0) -> list[Bucket]:
+def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: float = 256.0,
+         aliases: dict[str, str] | None = None) -> list[Bucket]:
     """The buckets for a state dict given as {name: (dtype, shape)}: names in their order, grouped by dtype,
-    a new bucket when the current one would pass `bucket_mb` (a tensor larger than that is a bucket alone)."""
+    a new bucket when the current one would pass `bucket_mb` (a tensor larger than that is a bucket alone).
+    `aliases`: {name: an earlier name holding the same tensor}; those names travel as references."""
+    aliases = aliases or {}
     limit = int(bucket_mb * 2**20)
     open_: dict[torch.dtype, list[Entry]] = {}
     sizes: dict[torch.dtype, int] = {}
@@ -56,11 +60,15 @@ def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: floa
             out.append(Bucket(str(dtype).removeprefix("torch."), sizes.pop(dtype), tuple(entries)))
 
     for name, (dtype, shape) in shapes.items():
+        if name in aliases:
+            open_.setdefault(dtype, []).append(Entry(name, tuple(int(d) for d in shape), 0, 0, aliases[name]))
+            sizes.setdefault(dtype, 0)
+            continue
         numel = 1
         for d in shape:
             numel *= int(d)
         item = torch.empty((), dtype=dtype).element_size()
-        if dtype in open_ and (sizes[dtype] + numel) * item > limit:
+        if open_.get(dtype) and (sizes[dtype] + numel) * item > limit:
             close(dtype)
         entries = open_.setdefault(dtype, [])
         offset = sizes.get(dtype, 0)
@@ -73,6 +81,24 @@ def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: floa
 
 def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def unpack(flats: list[torch.Tensor], buckets: list[Bucket]) -> dict[str, torch.Tensor]:
+    """Named views of the flat buckets (a name that shares a tensor gets the same view)."""
+    out: dict[str, torch.Tensor] = {}
+    for flat, b in zip(flats, buckets, strict=True):
+        for e in b.entries:
+            if e.same_as is None:
+                out[e.name] = flat[e.offset:e.offset + e.numel].view(e.shape)
+    for b in buckets:
+        for e in b.entries:
+            if e.same_as is not None:
+                out[e.name] = out[e.same_as]
+    return {e.name: out[e.name] for b in buckets for e in b.entries}
+
+
+def nbytes(buckets: list[Bucket]) -> int:
+    return sum(b.numel * torch.empty((), dtype=getattr(torch, b.dtype)).element_size() for b in buckets)
 
 
 class WeightGroup:
@@ -110,29 +136,27 @@ class WeightGroup:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def send(self, state: dict[str, torch.Tensor], buckets: list[Bucket]) -> int:
-        """Rank 0: broadcast every bucket of `state` (cast to the plan's dtypes); returns the bytes sent."""
-        sent = 0
+    def send(self, state: dict[str, torch.Tensor], buckets: list[Bucket]) -> dict[str, torch.Tensor]:
+        """Rank 0: broadcast every bucket of `state` (cast to the plan's dtypes). Returns what was sent, as a
+        state dict on the CPU (views of the sent buckets: the copy rank 0 keeps costs nothing more on CPU)."""
+        flats = []
         for k, b in enumerate(buckets):
-            dtype = getattr(torch, b.dtype)
-            flat = torch.empty(b.numel, dtype=dtype, device=self.device)
+            flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.device)
             for e in b.entries:
-                flat[e.offset:e.offset + e.numel].copy_(state[e.name].reshape(-1), non_blocking=True)
+                if e.same_as is None:
+                    flat[e.offset:e.offset + e.numel].copy_(state[e.name].reshape(-1), non_blocking=True)
             self._broadcast(flat, f"bucket {k + 1}/{len(buckets)}")
-            sent += flat.numel() * flat.element_size()
-        return sent
+            flats.append(flat.to("cpu"))
+        return unpack(flats, buckets)
 
     def receive(self, buckets: list[Bucket], device: str | None = None) -> dict[str, torch.Tensor]:
         """Ranks 1..N: the state dict rank 0 sends, as views of the received buckets (on `device`)."""
-        out: dict[str, torch.Tensor] = {}
+        flats = []
         for k, b in enumerate(buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.device)
             self._broadcast(flat, f"bucket {k + 1}/{len(buckets)}")
-            if device is not None and device != self.device:
-                flat = flat.to(device)
-            for e in b.entries:
-                out[e.name] = flat[e.offset:e.offset + e.numel].view(e.shape)
-        return out
+            flats.append(flat if device is None else flat.to(device))
+        return unpack(flats, buckets)
 
     def close(self) -> None:
         pg, self.pg = getattr(self, "pg", None), None
