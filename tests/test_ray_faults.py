@@ -74,6 +74,15 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         assert second[0].logprobs == pytest.approx(second[1].logprobs, abs=1e-4)
         assert max(abs(a - b) for a, b in zip(second[0].logprobs, pushed.logprobs, strict=False)) > 1e-4
 
+        # the object store path still pushes (weight_push=object_store), and a replacement would load its reference
+        run.learner.cfg.weight_push = "object_store"
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()
+        third = [await w.generate(prompt, greedy) for w in workers]
+        assert third[0].logprobs == pytest.approx(third[1].logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(third[0].logprobs, second[0].logprobs, strict=False)) > 1e-4
+        assert all(isinstance(w.weights, ray.ObjectRef) for w in workers)
+
         # a worker that keeps dying stops the run with what to do (max_worker_restarts=1 is spent)
         os.kill(await workers[0].pid(), signal.SIGKILL)
         with pytest.raises(Exception, match="max_worker_restarts"):

@@ -8,6 +8,7 @@ import pytest
 
 from rstar2_agent.sandbox import SandboxConfig, Status
 from rstar2_agent.sandbox.ray_pool import RaySandbox
+from rstar2_agent.sandbox.types import ExecRequest
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +22,9 @@ async def test_two_local_actors_share_the_calls():
         assert [r.stdout for r in results] == [f"{i + 1}\n" for i in range(30)]
         assert {r.backend.split(":")[0] for r in results} == {"ray-actor-0", "ray-actor-1"}
         assert (await sb.run("1/0")).status == Status.ERROR
+        batch = await sb.run_batch([ExecRequest(f"print({i} * 2)") for i in range(5)])  # striped over both actors
+        assert [r.stdout for r in batch] == [f"{i * 2}\n" for i in range(5)]
+        assert {r.backend.split(":")[0] for r in batch} == {"ray-actor-0", "ray-actor-1"}
         sid = await sb.open_session()
         await sb.run_in_session(sid, "z = 3")
         assert (await sb.run_in_session(sid, "z * 3")).stdout == "9\n"
