@@ -1,7 +1,8 @@
 """Faults on the `distributed: ray` path of `rstar2 train rl`, on a local Ray cluster with SmolLM2: a rollout
 worker whose process is killed (SIGKILL) in the middle of a step's rollouts is replaced holding the last pushed
 weights, the turns it had in flight rerun there, and the step ends with every rollout, none failed and none twice;
-the next push by the collective reaches the replacement. (A killed sandbox actor: test_sandbox_ray.py.)"""
+the next push by the collective reaches the replacement; a worker killed while idle is found and replaced by
+the next push. (A killed sandbox actor: test_sandbox_ray.py.)"""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
                                                                             schedule="constant"),
                ray=RayConfig(learners=1, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=1, cpus_per_sandbox_actor=0.25, sandbox_workers=1,
-                             weight_push="collective", weight_push_timeout_s=120, max_worker_restarts=1))
+                             weight_push="collective", weight_push_timeout_s=60, max_worker_restarts=1))
     run = RLRun(cfg)
     try:
         await run.start()
@@ -82,6 +83,18 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         assert third[0].logprobs == pytest.approx(third[1].logprobs, abs=1e-4)
         assert max(abs(a - b) for a, b in zip(third[0].logprobs, second[0].logprobs, strict=False)) > 1e-4
         assert all(isinstance(w.weights, ray.ObjectRef) for w in workers)
+
+        # a worker that dies while idle is found by the next push by the collective: replaced, the group rebuilt,
+        # the push done once more; both workers then hold the new weights
+        run.learner.cfg.weight_push = "collective"
+        idle = await workers[1].pid()
+        os.kill(idle, signal.SIGKILL)
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()
+        assert workers[1].restarts == 1 and await workers[1].pid() != idle
+        fourth = [await w.generate(prompt, greedy) for w in workers]
+        assert fourth[0].logprobs == pytest.approx(fourth[1].logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(fourth[0].logprobs, third[0].logprobs, strict=False)) > 1e-4
 
         # a worker that keeps dying stops the run with what to do (max_worker_restarts=1 is spent)
         os.kill(await workers[0].pid(), signal.SIGKILL)

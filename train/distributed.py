@@ -25,6 +25,7 @@ laptop and is what the tests drive.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -212,6 +213,7 @@ class LearnerGroup:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
         self.plan: list[Any] = []
+        self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
                          concurrency_groups={"weights": 1})(LearnerActor)
@@ -251,8 +253,10 @@ class LearnerGroup:
     async def push(self, engine: Any) -> None:
         """The new weights to every rollout worker behind `engine` (a RayEngine or a ReplicaPool of them), by
         `cfg.weight_push` (see the module docstring)."""
-        import asyncio
+        async with self.pushing:
+            await self._push(engine)
 
+    async def _push(self, engine: Any) -> None:
         if self.cfg.weight_push == "object_store":
             await engine.load_weights(await asyncio.to_thread(self.weights))
             return
@@ -277,8 +281,6 @@ class LearnerGroup:
 
     async def _group(self, workers: list[Any]) -> None:
         """(Re)build the weight-sync group when its members changed (first push, a replaced worker)."""
-        import asyncio
-
         members = tuple((id(w), w.incarnation) for w in workers)
         if members == self.members:
             return
@@ -298,8 +300,6 @@ class LearnerGroup:
                  "nccl" if device == "cuda" else "gloo")
 
     async def _broadcast(self, workers: list[Any]) -> None:
-        import asyncio
-
         await self._group(workers)
         await asyncio.wait_for(asyncio.gather(
             *(a.send_weights.remote(self.plan) for a in self.actors),
