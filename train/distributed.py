@@ -177,8 +177,9 @@ class LearnerActor:
         """Rank 0: [an object reference to the last pushed weights] (put once per push), or [] before any."""
         import ray
 
-        if self.pushed is not None and not self.pushed_ref_:
-            self.pushed_ref_ = [ray.put(self.pushed)]
+        if self.pushed is not None and not self.pushed_ref_:  # its tensors are views of the sent buckets: each
+            # would carry its whole bucket into the object store, so each goes as its own copy (once per push)
+            self.pushed_ref_ = [ray.put({k: v.clone() for k, v in self.pushed.items()})]
         return self.pushed_ref_
 
     def save(self, folder: str, extra: dict[str, Any], meta: dict[str, Any]) -> str:
