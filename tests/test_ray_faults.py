@@ -21,6 +21,7 @@ from conftest import until
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(900)  # four updates and pushes, two replacements, on a local cluster sharing 2 cores
 async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path):
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
