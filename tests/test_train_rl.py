@@ -178,6 +178,7 @@ def test_rl_recipes_fill_the_stages():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # Ray actors, two FSDP ranks and a local reference update on 2 shared cores
 async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
     """`distributed: ray` on a local Ray cluster: two rollout workers behind the replica pool, two sandbox actors,
     two FSDP learner ranks (gloo on CPU). One update on hand-set rewards gives the same loss and gradient norm

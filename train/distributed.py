@@ -9,8 +9,14 @@
   (the `replica_policy`, KV-aware by default) so the agent loop in the driver sees one engine.
 - Sandbox actors: `sandbox_actors` RaySandbox actors, each a warm isolated pool, on the nodes that have the
   `sandbox_resources` (CPU nodes) when given.
-- Weight sync after every update: rank 0 gathers the full state dict, puts it once into the object store, and
-  every rollout worker loads it from there.
+- Weight sync after every update (`weight_push`): every rank gathers the full state dict to rank 0, which
+  `collective` (the default): broadcasts it in flat buckets over a weight-sync group of rank 0 and every rollout
+  worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the FSDP group),
+  each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once into
+  Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
+  the last pushed weights, so that a rollout worker that died is replaced holding them (ray_engine.py); the
+  group is rebuilt at the next push, or at once when a push fails on a dead member (then the push is retried
+  once).
 
 `ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
 least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
@@ -19,6 +25,7 @@ laptop and is what the tests drive.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -46,6 +53,10 @@ class RayConfig:
     cpus_per_sandbox_actor: float = 1.0
     sandbox_workers: int = 2  # warm workers per template in each sandbox actor
     sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
+    weight_push: str = "collective"  # or object_store (see the module docstring)
+    weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
+    weight_bucket_mb: float = 256.0  # collective: tensors go in flat buckets of at most this size
+    max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
 
     def cpus_needed(self) -> float:
         return (self.learners * self.cpus_per_learner + self.rollout_workers * self.cpus_per_rollout_worker
@@ -73,6 +84,9 @@ class LearnerActor:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.learner: Any = None
+        self.group: Any = None  # rank 0: the weight-sync group (weight_sync.WeightGroup)
+        self.pushed: dict[str, Any] | None = None  # rank 0, collective: the last pushed weights (for replacements)
+        self.pushed_ref_: list[Any] = []
 
     def address(self) -> tuple[str, int]:
         """This node's address as Ray knows it (reachable from the other nodes) and a free port."""
@@ -113,6 +127,61 @@ class LearnerActor:
             state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
         return [ray.put({k: v.detach().cpu().contiguous() for k, v in state.items()})]
 
+    def device(self) -> str:
+        return str(self.learner.device)
+
+    def weight_plan(self, dtype: str | None, bucket_mb: float) -> list[Any]:
+        """Rank 0: the buckets a collective push sends (names, shapes and dtypes of the full state dict)."""
+        import torch
+
+        from rstar2_agent.engines.weight_sync import plan
+
+        cast = torch.bfloat16 if dtype == "bf16" else None
+        model = self.learner.model
+        shapes = {k: (cast if cast is not None and v.is_floating_point() else v.dtype, tuple(v.shape))
+                  for k, v in model.state_dict().items()}
+        first: dict[int, str] = {}  # tied parameters (one Parameter under two names) travel once
+        aliases = {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
+        return plan(shapes, bucket_mb, {k: v for k, v in aliases.items() if k != v and k in shapes})
+
+    def join_weight_group(self, host: str, port: int, world: int, device: str, timeout_s: float) -> None:
+        from rstar2_agent.engines.weight_sync import WeightGroup
+
+        self.leave_weight_group()
+        self.group = WeightGroup(host, port, 0, world, device=device, timeout_s=timeout_s)
+
+    def leave_weight_group(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+
+    def send_weights(self, buckets: list[Any]) -> int:
+        """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
+        replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
+        from rstar2_agent.engines.weight_sync import nbytes
+
+        state = self.learner.full_state_dict()
+        if self.rank != 0:
+            return 0
+        if self.group is None:
+            raise RuntimeError("rank 0 is in no weight-sync group: the learner group sets it up before a push")
+        names = {e.name for b in buckets for e in b.entries}
+        if names != set(state):
+            raise RuntimeError(f"the weight plan and the state dict differ ({sorted(names ^ set(state))[:5]}): "
+                               f"rebuild the weight-sync group")
+        self.pushed = self.group.send(state, buckets)
+        self.pushed_ref_ = []
+        return nbytes(buckets)
+
+    def pushed_ref(self) -> list[Any]:
+        """Rank 0: [an object reference to the last pushed weights] (put once per push), or [] before any."""
+        import ray
+
+        if self.pushed is not None and not self.pushed_ref_:  # its tensors are views of the sent buckets: each
+            # would carry its whole bucket into the object store, so each goes as its own copy (once per push)
+            self.pushed_ref_ = [ray.put({k: v.clone() for k, v in self.pushed.items()})]
+        return self.pushed_ref_
+
     def save(self, folder: str, extra: dict[str, Any], meta: dict[str, Any]) -> str:
         return str(self.learner.save(folder, extra, meta))
 
@@ -126,6 +195,7 @@ class LearnerActor:
     def shutdown(self) -> None:
         import torch
 
+        self.leave_weight_group()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -139,8 +209,15 @@ class LearnerGroup:
 
         self.connected_here = connect(cfg)  # then close() disconnects
         self.cfg, self.step = cfg, 0
+        if cfg.weight_push not in ("collective", "object_store"):
+            raise ValueError(f"ray.weight_push is collective or object_store, not {cfg.weight_push!r}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner)(LearnerActor)
+        self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
+        self.plan: list[Any] = []
+        self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
+        # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
+        cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
+                         concurrency_groups={"weights": 1})(LearnerActor)
         self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
         master = ray.get(self.actors[0].address.remote())
         devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
@@ -175,10 +252,63 @@ class LearnerGroup:
         return False
 
     async def push(self, engine: Any) -> None:
-        """The new weights to every rollout worker behind `engine`."""
-        import asyncio
+        """The new weights to every rollout worker behind `engine` (a RayEngine or a ReplicaPool of them), by
+        `cfg.weight_push` (see the module docstring)."""
+        async with self.pushing:
+            await self._push(engine)
 
-        await engine.load_weights(await asyncio.to_thread(self.weights))
+    async def _push(self, engine: Any) -> None:
+        if self.cfg.weight_push == "object_store":
+            await engine.load_weights(await asyncio.to_thread(self.weights))
+            return
+        from rstar2_agent.engines.base import EngineError
+        from rstar2_agent.engines.ray_engine import ray_workers
+
+        workers = ray_workers(engine)
+        try:
+            await self._broadcast(workers)
+        except Exception as e:  # noqa: BLE001 - a member died or stalled: replace the dead, rebuild, once more
+            log.warning("weight push failed (%s): checking the rollout workers, rebuilding the group", e)
+            self.members = None
+            await asyncio.gather(*(w.ensure_alive() for w in workers))
+            try:
+                await self._broadcast(workers)
+            except Exception as e2:  # noqa: BLE001
+                raise EngineError(f"the weight push by collective failed twice ({e2}); if the rollout workers "
+                                  f"are alive, the nodes may not reach each other on the group's port: set "
+                                  f"ray.weight_push=object_store") from e2
+        for w in workers:
+            w.weights = self._last_pushed
+
+    async def _group(self, workers: list[Any]) -> None:
+        """(Re)build the weight-sync group when its members changed (first push, a replaced worker)."""
+        members = tuple((id(w), w.incarnation) for w in workers)
+        if members == self.members:
+            return
+        rank0, timeout = self.actors[0], self.cfg.weight_push_timeout_s
+        devices = await asyncio.gather(rank0.device.remote(), *(w.actor.device.remote() for w in workers))
+        device = "cuda" if all(d.startswith("cuda") for d in devices) else "cpu"
+        host, port = await rank0.address.remote()
+        world = 1 + len(workers)
+        await asyncio.wait_for(asyncio.gather(
+            rank0.join_weight_group.remote(host, port, world, device, timeout),
+            *(w.actor.join_weight_group.remote(host, port, 1 + i, world, device, timeout)
+              for i, w in enumerate(workers))), timeout + 30)
+        dtype = "bf16" if self.cfg.rollout_engine == "vllm" else None
+        self.plan = await rank0.weight_plan.remote(dtype, self.cfg.weight_bucket_mb)
+        self.members = members
+        log.info("weight-sync group: learner rank 0 and %d rollout workers over %s", len(workers),
+                 "nccl" if device == "cuda" else "gloo")
+
+    async def _broadcast(self, workers: list[Any]) -> None:
+        await self._group(workers)
+        await asyncio.wait_for(asyncio.gather(
+            *(a.send_weights.remote(self.plan) for a in self.actors),
+            *(w.actor.receive_weights.remote(self.plan) for w in workers)), self.cfg.weight_push_timeout_s + 30)
+
+    async def _last_pushed(self) -> Any:
+        refs = await self.actors[0].pushed_ref.options(concurrency_group="weights").remote()
+        return refs[0] if refs else None
 
     def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
         return Path(self._all("save", str(folder), extra, meta)[0])
@@ -218,9 +348,10 @@ async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, ma
     connect(cfg)
     engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
                                       context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
-                                      num_gpus=cfg.gpus_per_rollout_worker, engine_options=cfg.engine_options)
+                                      num_gpus=cfg.gpus_per_rollout_worker, engine_options=cfg.engine_options,
+                                      max_restarts=cfg.max_worker_restarts)
     pool = ReplicaPool(engines, cfg.replica_policy, max_response_tokens=max_response_tokens)
     sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=cfg.sandbox_workers),
-                         num_cpus_per_actor=cfg.cpus_per_sandbox_actor,
+                         num_cpus_per_actor=cfg.cpus_per_sandbox_actor, max_restarts=cfg.max_worker_restarts,
                          actor_options={"resources": cfg.sandbox_resources} if cfg.sandbox_resources else None)
     return pool, sandbox

@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report|bench|simulate`.
+"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report|bench|bench-push|simulate`.
 
 Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
@@ -112,6 +112,29 @@ def bench_cmd(recipe, rounds, overrides) -> None:
                f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
     click.echo(f"RL rollout / bare engine throughput (best rounds): {row.ratio:.3f}")
     click.echo("one step: " + ", ".join(f"{k.removeprefix('time_')} {v:.1f} s" for k, v in row.split.items()))
+
+
+@train_group.command("bench-push")
+@click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Ray rollout workers.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--bucket-mb", type=float, default=256.0, show_default=True, help="The collective's bucket size.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
+def bench_push_cmd(model, workers, rounds, bucket_mb, json_file) -> None:
+    """Seconds per weight push to the Ray rollout workers (local cluster, CPU): collective against object store."""
+    import asyncio
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from .push_bench import bench_push
+
+    row = asyncio.run(bench_push(model, workers, rounds, bucket_mb=bucket_mb))
+    click.echo(f"{model}, {row.megabytes:.0f} MiB to {workers} rollout workers, {rounds} rounds")
+    for mode, secs in row.seconds.items():
+        click.echo(f"{mode:>12}: {', '.join(f'{x:.2f}' for x in secs)} s (median {row.median(mode):.2f} s)")
+    click.echo(f"object store / collective seconds per push (medians): {row.ratio:.2f}")
+    if json_file:
+        Path(json_file).write_text(json.dumps({**asdict(row), "ratio": row.ratio}, indent=1))
 
 
 @train_group.command("ablation", context_settings={"ignore_unknown_options": True})

@@ -1,0 +1,106 @@
+"""Faults on the `distributed: ray` path of `rstar2 train rl`, on a local Ray cluster with SmolLM2: a rollout
+worker whose process is killed (SIGKILL) in the middle of a step's rollouts is replaced holding the last pushed
+weights, the turns it had in flight rerun there, and the step ends with every rollout, none failed and none twice;
+the next push by the collective reaches the replacement; a worker killed while idle is found and replaced by
+the next push. (A killed sandbox actor: test_sandbox_ray.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from test_train_rl import tiny
+
+from rstar2_agent.train.learner import OptimConfig
+from rstar2_agent.train.rl import RLRun
+
+from conftest import until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(900)  # four updates and pushes, two replacements, on a local cluster sharing 2 cores
+async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path):
+    ray = pytest.importorskip("ray")
+    from rstar2_agent.engines.base import SamplingParams
+    from rstar2_agent.train.distributed import RayConfig
+
+    cfg = tiny(tmp_path, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
+                                                                            schedule="constant"),
+               ray=RayConfig(learners=1, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
+                             sandbox_actors=1, cpus_per_sandbox_actor=0.25, sandbox_workers=1,
+                             weight_push="collective", weight_push_timeout_s=60, max_worker_restarts=1))
+    run = RLRun(cfg)
+    try:
+        await run.start()
+        stage, pool = run.cfg.stages[0], run.engine
+        workers = pool.engines
+        prompt = run.fmt.render_prompt("What is 6 * 7?")
+        greedy = SamplingParams(temperature=0.0, max_tokens=8)
+        base = await workers[1].generate(prompt, greedy)
+
+        prompts = run.prompts(run.pool(stage), 0)
+        groups = await run.rollouts(prompts, 4, stage, 0)
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()  # by the collective: the workers now hold the learner's step-1 weights
+        pushed = await workers[1].generate(prompt, greedy)
+        assert max(abs(a - b) for a, b in zip(pushed.logprobs, base.logprobs, strict=False)) > 1e-4  # moved
+
+        pid = await workers[0].pid()
+        rollouts = asyncio.create_task(run.rollouts(prompts, 4, stage, 1))
+        await until(lambda: pool.loads[0].in_flight > 0, "a turn in flight on rollout worker 0", timeout=300)
+        in_flight = pool.loads[0].in_flight
+        os.kill(pid, signal.SIGKILL)
+        groups = await asyncio.wait_for(rollouts, 600)
+
+        assert workers[0].restarts == 1 and workers[0].incarnation == 1 and await workers[0].pid() != pid
+        trajs = [t for g in groups for t, _ in g]
+        assert len(groups) == len(prompts) and all(len(g) == 4 for g in groups)  # every rollout, none twice
+        assert len({id(t) for t in trajs}) == len(trajs) and in_flight >= 1
+        assert not [t.error for t in trajs if t.stop_reason == "engine_error"]
+        assert all(t.response_ids and len(t.logprobs) == len(t.response_ids) for t in trajs)
+        assert workers[0].reruns >= 1  # the turns in flight at the kill ran again, on the replacement
+
+        # the replacement holds the pushed weights: it answers as the live worker does, not as the base model
+        again = await workers[0].generate(prompt, greedy)
+        assert again.token_ids == pushed.token_ids
+        assert again.logprobs == pytest.approx(pushed.logprobs, abs=1e-4)
+
+        # the next push by the collective rebuilds the group with the replacement, and reaches it
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()
+        second = [await w.generate(prompt, greedy) for w in workers]
+        assert second[0].token_ids == second[1].token_ids
+        assert second[0].logprobs == pytest.approx(second[1].logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(second[0].logprobs, pushed.logprobs, strict=False)) > 1e-4
+
+        # the object store path still pushes (weight_push=object_store), and a replacement would load its reference
+        run.learner.cfg.weight_push = "object_store"
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()
+        third = [await w.generate(prompt, greedy) for w in workers]
+        assert third[0].logprobs == pytest.approx(third[1].logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(third[0].logprobs, second[0].logprobs, strict=False)) > 1e-4
+        assert all(isinstance(w.weights, ray.ObjectRef) for w in workers)
+
+        # a worker that dies while idle is found by the next push by the collective: replaced, the group rebuilt,
+        # the push done once more; both workers then hold the new weights
+        run.learner.cfg.weight_push = "collective"
+        idle = await workers[1].pid()
+        os.kill(idle, signal.SIGKILL)
+        run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        await run.sync_weights()
+        assert workers[1].restarts == 1 and await workers[1].pid() != idle
+        fourth = [await w.generate(prompt, greedy) for w in workers]
+        assert fourth[0].logprobs == pytest.approx(fourth[1].logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(fourth[0].logprobs, third[0].logprobs, strict=False)) > 1e-4
+
+        # a worker that keeps dying stops the run with what to do (max_worker_restarts=1 is spent)
+        os.kill(await workers[0].pid(), signal.SIGKILL)
+        with pytest.raises(Exception, match="max_worker_restarts"):
+            await workers[0].generate(prompt, greedy)
+    finally:
+        await run.close()
+        ray.shutdown()
