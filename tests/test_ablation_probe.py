@@ -16,6 +16,7 @@ import pytest
 
 from rstar2_agent import tool_tasks
 from rstar2_agent.stats import paired_ratio_bootstrap
+from rstar2_agent.train.ablation import Ablation, power, probe_summary
 from rstar2_agent.train.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
 from rstar2_agent.train.recipe import load
 from rstar2_agent.train.rl import RLConfig, Stage
@@ -79,6 +80,45 @@ def test_the_seed_and_prompt_parts_of_the_spread():
         paired_ratio_bootstrap(a_num, a_den, b_num, b_den, resample="arms")
 
 
+def _record(failed: list[float], calls: list[float]) -> dict:
+    """A probe record in the stored shape: per prompt one positive rollout with these tool calls and failures."""
+    return {"seconds": 2.0 * len(calls), "rollouts": len(calls), "prompts": [
+        {"id": f"p{i}", "rollouts": [{"reward": 1.0, "calls": c, "failed": f, "tokens": 100 + 10 * f,
+                                      "well_formed": True, "stop": "stop"}]}
+        for i, (f, c) in enumerate(zip(failed, calls, strict=True))]}
+
+
+def _ablation_of(effect: float, seeds: int, prompts: int) -> Ablation:
+    a_num, den, b_num, _ = _arms(effect, seeds=seeds, prompts=prompts, seed=5)
+    probes = {"start": _record(b_num[0], den[0])}
+    for s in range(seeds):
+        for k in (1, 2):
+            probes[f"roc-seed{s}-step{k}"] = _record(a_num[s], den[s])
+            probes[f"grpo-seed{s}-step{k}"] = _record(b_num[s], den[s])
+    step = {"time_rollout": 30.0, "time_grading": 1.0, "time_update": 10.0, "time_weight_sync": 1.0,
+            "response_tokens": 300.0, "update_tokens": 4000.0}
+    histories = {arm: {s: [step, step] for s in range(seeds)} for arm in ("roc", "grpo")}
+    return Ablation(histories, probes, [(f"p{i}", "", "") for i in range(prompts)], points=(0, 1, 2), steps=2,
+                    rollouts_per_step={"roc": 32, "grpo": 16})
+
+
+def test_the_probe_summary_pairs_the_arms_and_the_power_estimate_asks_for_more_when_the_interval_straddles_one():
+    strong = probe_summary(_ablation_of(0.4, seeds=2, prompts=48), [0, 1])
+    tool = strong["tool_error_ratio_among_positives"]
+    assert tool["ci95"][1] < 1 and tool["ratio"] == pytest.approx(tool["roc"] / tool["grpo"])
+    assert tool["moved_from_start"]["roc"]["ci95"][1] < 1  # RoC's checkpoints err less than the start
+    assert strong["accuracy"]["ratio"] == 1.0 and strong["accuracy"]["ci95"] == [1.0, 1.0]
+    weak = _ablation_of(0.95, seeds=2, prompts=16)  # a small effect, few prompts
+    row = probe_summary(weak, [0, 1])["tool_error_ratio_among_positives"]
+    assert row["ci95"][0] < 1 < row["ci95"][1]
+    need = power(weak, [0, 1], samples=1)
+    assert need["needed"]["prompts_at_these_seeds"] is None or need["needed"]["prompts_at_these_seeds"] > 16
+    assert need["needed"]["steps_at_these_prompts_and_seeds"] > 2
+    assert need["needed"]["scale_prompts_and_seeds_by"] > 1
+    bigger = need["options"]["prompts_and_seeds"]
+    assert bigger["cpu_hours"] > 0 and bigger["gpu_hours"] < bigger["cpu_hours"]
+
+
 # ------------------------------------------------------------------ the probe's problems
 def test_the_probe_is_held_out_from_the_rl_and_sft_problems(tmp_path):
     cfg = load(RLConfig, "rl-smollm2-tooltasks-cpu")
@@ -135,6 +175,7 @@ def _ablation(args: list[str], pause: str | None = None) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # four CLI runs (two killed), each loading the model; the SFT fixture
 def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(tmp_path, sft_checkpoint):
     model, _ = sft_checkpoint
     out = tmp_path / "abl"

@@ -220,6 +220,7 @@ def plot(histories: dict[str, dict[int, list[dict[str, float]]]], path: str, tit
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     probe_of = {curve: metric for metric, curve in PROBE_CURVE.items()}
@@ -246,6 +247,7 @@ def plot(histories: dict[str, dict[int, list[dict[str, float]]]], path: str, tit
                             label=f"{arm}: held-out probe")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step (probe at 0 = the SFT start)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title)
@@ -359,6 +361,9 @@ def power(ab: Ablation, seeds: list[int], samples: int) -> dict[str, Any] | None
     cfg_rollouts = {arm: statistics.fmean(m.get("update_tokens", 0.0) for h in ab.histories[arm].values() for m in h)
                     for arm in ("roc", "grpo")}
 
+    train_tokens = {arm: statistics.fmean(m["response_tokens"] * ab.rollouts_per_step[arm] for h in
+                                          ab.histories[arm].values() for m in h) for arm in ("roc", "grpo")}
+
     def cost(prompts: int, n_seeds: int, steps: int) -> dict[str, float]:
         probes = (1 + 2 * 2 * n_seeds) * prompts * samples  # start, then mid and end for both arms, every seed
         cpu = n_seeds * steps * step_s + probes * per_rollout
@@ -367,8 +372,6 @@ def power(ab: Ablation, seeds: list[int], samples: int) -> dict[str, Any] | None
         return {"cpu_hours": round(cpu / 3600, 2),
                 "gpu_hours": round((gen / GPU_ROLLOUT_TOKENS_PER_S + trained / GPU_TRAIN_TOKENS_PER_S) / 3600, 3)}
 
-    train_tokens = {arm: statistics.fmean(m["response_tokens"] * ab.rollouts_per_step[arm] for h in
-                                          ab.histories[arm].values() for m in h) for arm in ("roc", "grpo")}
     options = {}
     if need["prompts_at_these_seeds"]:
         options["prompts"] = {"prompts": need["prompts_at_these_seeds"], "seeds": s0, "steps": end,
