@@ -187,23 +187,25 @@ def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(
             f"model={model}", "stages=[{steps: 1, max_response_tokens: 32, max_turns: 2, data: tooltasks, "
             "data_size: 8}]", "prompts_per_step=1", "group_size=2", "roc_min_positive=1", "roc_min_negative=1",
             f"db={tmp_path / 's.db'}", "micro_batch=4", "rollout_engine=hf"]
-    # 1. killed in RoC's second step (its first is checkpointed)
+    # 1. the SFT start probed first; then killed in RoC's second step (its first is checkpointed)
     first = _ablation(args, pause="recorded:2")
-    assert "roc seed 0: step 1/2" in first and not (out / "roc-seed0" / "history.json").exists()
-    # 2. resumed: RoC trains step 2 only, GRPO both; then killed in the probe's first rollouts
+    assert "probe start: ran" in first and "roc seed 0: step 1/2" in first
+    assert not (out / "roc-seed0" / "history.json").exists()
+    # 2. resumed: RoC trains step 2 only, GRPO both; then killed in the first rollouts of the arms' probes
     second = _ablation(args, pause="rollout:-1")
     assert "roc seed 0: step 1/2" not in second and "roc seed 0: step 2/2" in second
     assert "grpo seed 0: step 1/2" in second and "grpo seed 0: step 2/2" in second
     for arm in ("roc", "grpo"):
         history = json.loads((out / f"{arm}-seed0" / "history.json").read_text())
         assert len(history) == 2  # the resumed run's history holds both steps, from the store
-    assert not list((out / "probe").glob("*.json"))  # a killed probe stores nothing
-    # 3. the finished arms are re-used; every probe runs
+    assert "probe start: re-used" in second
+    assert [p.name for p in (out / "probe").glob("*.json")] == ["start.json"]  # a killed probe stores nothing
+    # 3. the finished arms and the start probe are re-used; the arms' probes run
     third = _ablation(args)
-    assert "step 1/2" not in third and "step 2/2" not in third
+    assert "step 1/2" not in third and "step 2/2" not in third and "probe start: re-used" in third
     names = {"start", "roc-seed0-step1", "roc-seed0-step2", "grpo-seed0-step1", "grpo-seed0-step2"}
     assert {p.stem for p in (out / "probe").glob("*.json")} == names
-    assert all(f"probe {n}: ran" in third for n in names)
+    assert all(f"probe {n}: ran" in third for n in names - {"start"})
     records = {n: json.loads((out / "probe" / f"{n}.json").read_text()) for n in names}
     # the pairing: every policy saw the same prompts, in the same order, the same number of times
     ids = [[p["id"] for p in r["prompts"]] for r in records.values()]

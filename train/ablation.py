@@ -133,6 +133,9 @@ async def run_ablation(cfg: RLConfig, seeds: list[int], out: str, with_2g: bool 
     result = Ablation({}, problems=problems, dropped=dropped, points=points if probe else (), steps=total,
                       rollouts_per_step={arm: c.rollouts_per_prompt * c.prompts_per_step
                                          for arm, c in arms(cfg, with_2g).items()})
+    if probe and not report_only and seeds:  # the start first: a partial run has it, and every arm shares it
+        start = ProbeJob("start", cfg.model, seeds[0])
+        result.probes.update(await run_probes(cfg, [start], problems, probe, Path(out) / "probe", on_probe))
     for seed in seeds:
         jobs: list[ProbeJob] = []
         for arm, arm_cfg in arms(cfg, with_2g).items():  # arms side by side, seed by seed
