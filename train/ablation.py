@@ -245,7 +245,7 @@ def plot(histories: dict[str, dict[int, list[dict[str, float]]]], path: str, tit
                     if found:
                         xs.append(k)
                         ys.append(statistics.fmean(value(r, probe_of[metric]) for r in found))
-                if len(xs) > 1 or (xs and xs[0] != 0):
+                if xs:
                     ax.plot(xs, ys, marker="D", markersize=6, linestyle="--", color=color,
                             label=f"{arm}: held-out probe")
         ax.set_title(label, fontsize=9)
