@@ -123,9 +123,9 @@ async def run_ablation(cfg: RLConfig, seeds: list[int], out: str, with_2g: bool 
                        probe: ProbeSettings | None = None,
                        on_probe: Callable[[str, dict[str, Any], bool], None] | None = None,
                        report_only: bool = False) -> Ablation:
-    """Seed by seed: every arm trained (or resumed, or read back), then the probe of the start, each arm's
-    midpoint and final checkpoints (or read back). `report_only`: nothing is trained or probed, what the runs
-    and probes stored so far is read."""
+    """The SFT start probed first (or read back); then seed by seed, every arm trained (or resumed, or read back)
+    and the probe of each arm's midpoint and final checkpoints (or read back). `report_only`: nothing is trained
+    or probed, what the runs and probes stored so far is read."""
     cfg = dataclasses.replace(cfg, save_every=1)
     total = sum(s.steps for s in cfg.stages)
     points = probe_points(total)
@@ -160,8 +160,8 @@ async def run_ablation(cfg: RLConfig, seeds: list[int], out: str, with_2g: bool 
                 result.probes.update({k: v for k, v in found.items() if v is not None})
             else:
                 result.probes.update(await run_probes(cfg, jobs, problems, probe, folder, on_probe))
-                for job in jobs:  # a probed midpoint's checkpoint is not needed again
-                    if job.name in result.probes and not job.name.endswith(f"step{total}") and job.name != "start":
+                for job in jobs[1:]:  # a probed midpoint's checkpoint is not needed again (jobs[0]: the start)
+                    if job.name in result.probes and Path(job.model).name != f"checkpoint-{total}":
                         shutil.rmtree(job.model, ignore_errors=True)
     return result
 
