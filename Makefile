@@ -64,11 +64,13 @@ train: install
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "How many prime numbers are less than or equal to 17129?"
 
-# GRPO-RoC against GRPO at the same rollout budget on the tool-error task family, over three seeds:
-# runs/ablation/curves.png and the table (runs/ablation/summary.json).
+# GRPO-RoC against GRPO at the same rollout budget on the tool-error task family, over three seeds, 16 steps, with
+# the held-out probe (64 prompts x 4 at the start, midpoint and end): docs/ablation-summary.json and
+# docs/ablation-curves.png. Rerun it to continue where it stopped (finished runs and probes are re-used).
 ablation: install
 	test -e runs/sft-smollm2-tooltasks-cpu/last || $(VENV)/bin/rstar2 train sft --recipe sft-smollm2-tooltasks-cpu
-	$(VENV)/bin/rstar2 train ablation --recipe rl-smollm2-tooltasks-cpu --seeds 0,1,2 --out runs/ablation
+	$(VENV)/bin/rstar2 train ablation --recipe rl-smollm2-tooltasks-cpu --seeds 0,1,2 --steps 16 --out runs/ablation \
+	  --summary docs/ablation-summary.json --png docs/ablation-curves.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -141,14 +141,28 @@ def bench_push_cmd(model, workers, rounds, bucket_mb, json_file) -> None:
 @click.option("--recipe", default="rl-smollm2-tooltasks-cpu", show_default=True,
               help="The RL recipe both arms share (a YAML file or a name in train/recipes/); its group_size is G.")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds; each arm runs every seed.")
+@click.option("--steps", type=click.IntRange(1), default=16, show_default=True,
+              help="Training steps of every run (the recipe's one stage is set to this many).")
 @click.option("--out", default="runs/ablation", show_default=True, help="One folder per (arm, seed) under this.")
 @click.option("--with-2g", "with_2g", is_flag=True, help="Also plain GRPO on all 2G rollouts (RoC's sampling).")
 @click.option("--final-steps", type=click.IntRange(1), default=2, show_default=True,
               help="The final value of a run is the mean of its last K steps.")
+@click.option("--probe-prompts", type=click.IntRange(0), default=64, show_default=True,
+              help="Held-out probe problems (0: no probe); every policy samples each --probe-samples times.")
+@click.option("--probe-samples", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--probe-seed", type=int, default=1009, show_default=True,
+              help="The data seed of the probe's problems (disjoint from training: checked).")
+@click.option("--report-only", is_flag=True, help="Train and probe nothing: report what is stored so far.")
+@click.option("--summary", "summary_path", default=None,
+              help="Where the JSON summary goes (default OUT/ablation-summary.json).")
+@click.option("--png", default=None, help="Where the curves go (default OUT/curves.png).")
 @click.argument("overrides", nargs=-1)
-def ablation_cmd(recipe, seeds, out, with_2g, final_steps, overrides) -> None:
-    """GRPO-RoC (2G sampled, G kept) against GRPO (G sampled, G used) over seeds: curves and a paired test."""
+def ablation_cmd(recipe, seeds, steps, out, with_2g, final_steps, probe_prompts, probe_samples, probe_seed,
+                 report_only, summary_path, png, overrides) -> None:
+    """GRPO-RoC (2G sampled, G kept) against GRPO (G sampled, G used) over seeds: curves, a paired test over
+    seeds on the training rollouts, and a held-out probe with a paired bootstrap; it resumes where it stopped."""
     import asyncio
+    import dataclasses
     from pathlib import Path
 
     from rich.console import Console
@@ -156,40 +170,80 @@ def ablation_cmd(recipe, seeds, out, with_2g, final_steps, overrides) -> None:
 
     from rstar2_agent.models import ModelError
 
-    from .ablation import CURVES, plot, run_ablation, summary, table
+    from .ablation import CURVES, ablation_settings, plot, power, probe_summary, run_ablation, summary, table
+    from .probe import ProbeSettings, value
     from .rl import RLConfig
 
     cfg = _recipe(RLConfig, recipe, overrides)
+    if len(cfg.stages) != 1:
+        raise click.UsageError("--steps sets the recipe's one stage; this recipe has several")
+    cfg = dataclasses.replace(cfg, stages=[dataclasses.replace(cfg.stages[0], steps=steps)])
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as e:
         raise click.UsageError(f"--seeds takes comma-separated integers, e.g. 0,1,2 ({e})") from e
+    probe = ProbeSettings(probe_prompts, probe_samples, probe_seed) if probe_prompts else None
     console = Console()
 
     def on_run(arm: str, seed: int, step: int, total: int, m: dict[str, float]) -> None:
         console.print(f"{arm} seed {seed}: step {step}/{total} acc {m['accuracy']:.2f} "
                       f"pos tool errors {m['tool_error_ratio_positive']:.3f} len {m['response_tokens']:.0f}")
 
+    def on_probe(name: str, record: dict, ran: bool) -> None:
+        console.print(f"probe {name}: {'ran' if ran else 're-used'}; acc {value(record, 'accuracy'):.3f} pos tool "
+                      f"errors {value(record, 'tool_error_ratio_among_positives'):.3f}"
+                      + (f" ({record['seconds'] / record['rollouts']:.2f} s a rollout)" if ran else ""))
+
     try:
-        histories = asyncio.run(run_ablation(cfg, seed_list, out, with_2g, on_run))
+        ab = asyncio.run(run_ablation(cfg, seed_list, out, with_2g, on_run, probe, on_probe, report_only))
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    rows = table(histories, final_steps)
-    grid = Table(title=f"final values (mean of the last {final_steps} steps, mean over seeds {seeds})")
-    for col in ("metric", *histories, "roc / grpo", "roc - grpo", "t", "p (t)", "p (sign flips)"):
-        grid.add_column(col, justify="right")
-    labels = dict(CURVES)
-    for r in rows:
-        grid.add_row(labels[r.metric], *[f"{r.means[a]:.3f}" for a in histories],
-                     f"{r.ratio:.2f}" if r.ratio is not None else "-", f"{r.diff:+.3f}",
-                     f"{r.t:.2f}" if r.t is not None else "-", f"{r.p_t:.3f}" if r.p_t is not None else "-",
-                     f"{r.p_perm:.3f}")
-    console.print(grid)
+    histories = {arm: {s: h for s, h in runs.items() if h} for arm, runs in ab.histories.items()}
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "summary.json").write_text(json.dumps(summary(rows), indent=1))
-    png = str(Path(out) / "curves.png")
-    plot(histories, png, f"GRPO-RoC vs GRPO ({recipe}, seeds {seeds})")
-    console.print(f"wrote {png} and {Path(out) / 'summary.json'}")
+    doc: dict = {"settings": ablation_settings(cfg, recipe, seed_list, ab, probe)}
+    if all(histories.get(a) for a in ("roc", "grpo")) and set(histories["roc"]) & set(histories["grpo"]):
+        rows = table(histories, final_steps)
+        grid = Table(title=f"training rollouts: final values (mean of the last {final_steps} steps, seeds {seeds})")
+        for col in ("metric", *histories, "roc / grpo", "roc - grpo", "t", "p (t)", "p (sign flips)"):
+            grid.add_column(col, justify="right")
+        labels = dict(CURVES)
+        for r in rows:
+            grid.add_row(labels[r.metric], *[f"{r.means[a]:.3f}" for a in histories],
+                         f"{r.ratio:.2f}" if r.ratio is not None else "-", f"{r.diff:+.3f}",
+                         f"{r.t:.2f}" if r.t is not None else "-", f"{r.p_t:.3f}" if r.p_t is not None else "-",
+                         f"{r.p_perm:.3f}")
+        console.print(grid)
+        (Path(out) / "summary.json").write_text(json.dumps(summary(rows), indent=1))
+        doc["training"] = summary(rows)
+    if probe:
+        doc["probe"] = probe_summary(ab, seed_list)
+        _print_probe(console, doc["probe"])
+        ci = doc["probe"]["tool_error_ratio_among_positives"]["ci95"]
+        if ci and ci[0] <= 1 <= ci[1]:
+            doc["power"] = power(ab, seed_list, probe.samples)
+            console.print(f"the tool-error ratio's interval straddles 1: power estimate {json.dumps(doc['power'])}")
+    summary_file = Path(summary_path or Path(out) / "ablation-summary.json")
+    summary_file.parent.mkdir(parents=True, exist_ok=True)
+    summary_file.write_text(json.dumps(doc, indent=1) + "\n")
+    png = png or str(Path(out) / "curves.png")
+    plot(histories, png, f"GRPO-RoC vs GRPO ({recipe}, seeds {seeds})", ab if probe else None, seed_list)
+    console.print(f"wrote {png} and {summary_file}")
+
+
+def _print_probe(console, rows: dict) -> None:
+    from rich.table import Table
+
+    def f(x) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    grid = Table(title="held-out probe at the end: RoC / GRPO with a paired bootstrap 95% interval (prompts, seeds)")
+    for col in ("metric", "SFT start", "roc", "grpo", "roc / grpo", "95% interval"):
+        grid.add_column(col, justify="right")
+    for metric, r in rows.items():
+        ci = r.get("ci95")
+        grid.add_row(metric, f(r["start"]), f(r["roc"]), f(r["grpo"]), f(r["ratio"]),
+                     f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-")
+    console.print(grid)
 
 
 @train_group.command("report")
