@@ -7,7 +7,8 @@ own logprobs. Stages change the response budget, the turn cap, the data, and may
 the current policy already solves k of k and reset the optimizer. Metrics and every rollout go to the
 store (and to TensorBoard / Weights & Biases when asked); checkpoints resume exactly (the prompts of a step are a
 function of the seed and the step), and each step is recorded exactly once whatever the moment of a kill (see
-`run_rl`).
+`run_rl`). With `max_staleness: k` >= 1 the batches of the next k steps generate while the learner updates, behind
+a version gate that records each token's policy version (staleness.py), and the loss is decoupled PPO.
 """
 
 from __future__ import annotations
