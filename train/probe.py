@@ -146,7 +146,7 @@ class ProbeRun(RLRun):
             from rstar2_agent.engines.hf import HFEngine
 
             self.engine = HFEngine(self.model, context_length=spec.context_length)
-        self.sandbox = LocalSandbox(SandboxConfig(workers=2))
+        self.attach(self.engine, LocalSandbox(SandboxConfig(workers=2)))
         await self.sandbox.start()
 
     async def load(self, model: str) -> None:

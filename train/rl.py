@@ -161,6 +161,7 @@ class RLRun:
     """One RL run: the learner (in this process, or a Ray learner group), the rollout engine (the hf engine on
     the learner's own weights, or Ray rollout workers behind a replica pool), the sandbox, the grader."""
 
+    given_engine: Any = None  # a rollout engine the caller started (and stops): the tests share one
     _generating = 0  # batches generating now
     _idle_since: float | None = None  # when the engine last ran out of rollouts to generate
 
@@ -191,7 +192,7 @@ class RLRun:
         self.context_length = self.resolved.spec.context_length
         self.grader = MathGrader(extraction=cfg.answer_extraction or default_extraction(cfg.format))
         self.engine: Any = None
-        self.given_engine = engine  # a rollout engine the caller started (and stops): the tests share one
+        self.given_engine = engine
         self.gate: Any = None  # the engine behind a VersionGate: what the rollouts call
         self.sandbox: Any = None
 
@@ -425,7 +426,8 @@ class RLRun:
             await sandbox.close()
         if engine is not None and engine is not self.given_engine:
             await engine.close()
-        await asyncio.to_thread(self.learner.close)
+        if self.learner is not None:  # the ablation's probe rolls out without one
+            await asyncio.to_thread(self.learner.close)
 
 
 TEST_PAUSE_ENV = "RSTAR2_TEST_PAUSE_AT"
