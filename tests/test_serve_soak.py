@@ -92,7 +92,7 @@ async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engin
             after = await kv_probe(c, url)
     failed = [o for o in outcomes if o not in ("ok", "hung up")]
     assert not failed, failed[:5]
-    assert len(outcomes) == 228 and 20 < outcomes.count("hung up") < 80
+    assert len(outcomes) == sum(n for _, n in WAVES) and 10 < outcomes.count("hung up") < 50  # 20% of 134: 27
     assert "rstar2_requests_in_flight 0.0" in metrics and "rstar2_requests_stalled_total 0.0" in metrics
     assert after["status"] == "ok" and after["progress"]["in_flight"] == 0
     engine = after["engine"]
