@@ -40,6 +40,34 @@ def pytest_configure(config) -> None:
         config.option.durations = 40
 
 
+
+def run_until_paused(args: list[str], pause: str, env: dict[str, str]) -> str:
+    """Run `args` with the test hook RSTAR2_TEST_PAUSE_AT=`pause` (train/rl.py: `pause_for_test`) and SIGKILL its
+    process group once it says it stopped there; its stdout so far. Fails the test if it ends before pausing."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: a full unread pipe would block the command
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True,
+                                env={**env, "RSTAR2_TEST_PAUSE_AT": pause}, start_new_session=True)
+        tail: list[str] = []
+        try:
+            for line in proc.stderr:
+                tail = (tail + [line])[-40:]
+                if f"test hook: paused at {pause}" in line:
+                    break
+            else:
+                proc.wait(timeout=30)
+                pytest.fail(f"the command ended (status {proc.returncode}) before pausing at {pause}:\n"
+                            f"{''.join(tail)}")
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        out.seek(0)
+        return out.read()
+
 async def until(condition, what: str, timeout: float = 20.0) -> None:
     """Wait for `condition()` (a plain or an async callable) to hold, polling every 20 ms; fail after `timeout`
     seconds naming what was awaited. For waits on a state the test can observe, instead of a fixed sleep."""

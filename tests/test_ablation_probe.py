@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ from rstar2_agent.train.ablation import Ablation, power, probe_summary
 from rstar2_agent.train.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
 from rstar2_agent.train.recipe import load
 from rstar2_agent.train.rl import RLConfig, Stage
+
+from conftest import run_until_paused
 
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
@@ -151,27 +152,11 @@ def _ablation(args: list[str], pause: str | None = None) -> str:
     """The command's stdout; with `pause`, SIGKILL its process group once the test hook stops it there."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("RSTAR2_TEST_PAUSE_AT", None)
-    if not pause:
-        p = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        return p.stdout
-    env["RSTAR2_TEST_PAUSE_AT"] = pause
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    tail: list[str] = []
-    try:
-        for line in proc.stderr:
-            tail = (tail + [line])[-40:]
-            if f"test hook: paused at {pause}" in line:
-                break
-        else:
-            proc.wait(timeout=30)
-            pytest.fail(f"the command ended (status {proc.returncode}) before pausing at {pause}:\n{''.join(tail)}")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out = proc.stdout.read()
-        proc.wait(timeout=30)
-    return out
+    if pause:
+        return run_until_paused(args, pause, env)
+    p = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
 
 
 @pytest.mark.slow

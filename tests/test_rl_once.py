@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from rstar2_agent.train.recipe import dump
 from rstar2_agent.train.rl import TEST_PAUSE_ENV, Stage, forget_unsaved
 from rstar2_agent.trajectory import Trajectory
 
+from conftest import run_until_paused
+
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
@@ -36,26 +37,10 @@ def _rl(recipe: Path, resume: bool, pause: str | None) -> subprocess.CompletedPr
     # one torch thread: on a shared 2-core machine two spinning threads make a step about 5x slower
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop(TEST_PAUSE_ENV, None)
-    if pause:
-        env[TEST_PAUSE_ENV] = pause
     args = [RSTAR2, "train", "rl", "--recipe", str(recipe), *(["--resume"] if resume else [])]
     if not pause:
         return subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    tail: list[str] = []
-    try:
-        for line in proc.stderr:
-            tail = (tail + [line])[-40:]
-            if f"test hook: paused at {pause}" in line:
-                break
-        else:
-            proc.wait(timeout=30)
-            pytest.fail(f"the run ended (status {proc.returncode}) before pausing at {pause}:\n{''.join(tail)}")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    run_until_paused(args, pause, env)
     return None
 
 
