@@ -122,12 +122,11 @@ class RLConfig:
 @dataclass
 class Batch:
     """One step's rollouts as the learner receives them: per prompt, the (trajectory, reward) group, each
-    rollout's policy version (its oldest token's) and seconds; and the times of its phases."""
+    rollout's policy version (its oldest token's); and the times of its phases."""
     step: int
     prompts: list[tuple[str, str, str]]
     groups: list[list[tuple[Trajectory, float]]]
     versions: list[list[int]]
-    seconds: list[list[float]]
     times: dict[str, float]
 
 
@@ -259,19 +258,18 @@ class RLRun:
         return batch.groups
 
     async def batch(self, prompts: list[tuple[str, str, str]], n: int, stage: Stage, step: int) -> Batch:
-        """n rollouts per prompt through the version gate, then their rewards, with the versions they came from,
-        their seconds, and the phases' times: `rollout_wait_s` is how long the engine had no rollouts to generate
+        """n rollouts per prompt through the version gate, then their rewards, with the versions they came from and
+        the phases' times: `rollout_wait_s` is how long the engine had no rollouts to generate
         before this batch (it waited for weights) plus the longest wait of one of them at a push in progress."""
         t0 = time.perf_counter()
         idle = t0 - self._idle_since if self._generating == 0 and self._idle_since is not None else 0.0
         self._generating += 1
 
-        async def one(question: str, key: str) -> tuple[Trajectory, Versions, float]:
+        async def one(question: str, key: str) -> tuple[Trajectory, Versions]:
             async with self.gate.trajectory() as versions:
-                start = time.perf_counter()
                 traj = await self.rollout(question, stage, key)
             pause_for_test("rollout", step + 1)  # the step's first rollout is done, the others are in flight
-            return traj, versions, time.perf_counter() - start
+            return traj, versions
 
         try:
             done = await asyncio.gather(*(one(question, f"{self.cfg.seed}:{step}:{pid}:{k}")
@@ -280,7 +278,7 @@ class RLRun:
             self._generating -= 1
             if self._generating == 0:
                 self._idle_since = time.perf_counter()
-        trajs = [t for t, _, _ in done]
+        trajs = [t for t, _ in done]
         t1 = time.perf_counter()
         if trajs and all(t.stop_reason == "engine_error" for t in trajs):  # a dead engine: stop before an update
             raise EngineError(f"all {len(trajs)} rollouts of step {step} failed in the rollout engine "
@@ -289,11 +287,10 @@ class RLRun:
         golds = [gold for _, _, gold in prompts for _ in range(n)]
         rewards = await asyncio.gather(*(self.reward(t, gold) for t, gold in zip(trajs, golds, strict=True)))
         times = {"time_rollout": t1 - t0, "time_grading": time.perf_counter() - t1,
-                 "rollout_wait_s": idle + max((v.gate_wait for _, v, _ in done), default=0.0)}
+                 "rollout_wait_s": idle + max((v.gate_wait for _, v in done), default=0.0)}
         results = list(zip(trajs, rewards, strict=True))
         return Batch(step, prompts, [results[i * n:(i + 1) * n] for i in range(len(prompts))],
-                     [[v.oldest for _, v, _ in done[i * n:(i + 1) * n]] for i in range(len(prompts))],
-                     [[s for _, _, s in done[i * n:(i + 1) * n]] for i in range(len(prompts))], times)
+                     [[v.oldest for _, v in done[i * n:(i + 1) * n]] for i in range(len(prompts))], times)
 
     async def rollout(self, question: str, stage: Stage, key: str) -> Trajectory:
         """One trajectory through the shared agent loop; its sampling seed is a function of `key`."""
@@ -455,16 +452,14 @@ def _tool_error_ratio(trajs: list[Trajectory]) -> float:
 
 def _store_rollouts(store: Store, run_id: int, batch: Batch, extraction: str) -> None:
     """Every rollout as a sample of the run (the eval report renders them), stored as eval stores its samples, with
-    the policy version it came from (its oldest token's) and its seconds."""
+    the policy version it came from (its oldest token's); the row's own `seconds` holds its wall time."""
     from rstar2_agent.chat_format import extract_answer
 
-    for (pid, question, gold), group, versions, seconds in zip(batch.prompts, batch.groups, batch.versions,
-                                                                batch.seconds, strict=True):
+    for (pid, question, gold), group, versions in zip(batch.prompts, batch.groups, batch.versions, strict=True):
         for k, (traj, reward) in enumerate(group):
             row = sample_row(run_id, f"step{batch.step:05d}/{pid}", k, traj, correct=reward > 0,
                              answer=extract_answer(traj.text, extraction), gold=gold,
-                             details={"question": question, "step": batch.step, "version": versions[k],
-                                      "seconds": round(seconds[k], 3)})
+                             details={"question": question, "step": batch.step, "version": versions[k]})
             store.add_sample(row, traj.to_dict())
 
 
