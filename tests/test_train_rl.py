@@ -6,6 +6,7 @@ stores and resumes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -178,15 +179,17 @@ def test_rl_recipes_fill_the_stages():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # Ray actors, two FSDP ranks and a local reference update on 2 shared cores
+@pytest.mark.timeout(900)  # Ray actors, two FSDP ranks, a local reference update, two more steps, on 2 shared cores
 async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
     """`distributed: ray` on a local Ray cluster: two rollout workers behind the replica pool, two sandbox actors,
     two FSDP learner ranks (gloo on CPU). One update on hand-set rewards gives the same loss and gradient norm
     as the single-process learner on the same rollouts, and after the weight sync the rollout workers generate
-    exactly what the saved checkpoint generates."""
+    exactly what the saved checkpoint generates. Resumed with max_staleness 1, it trains two more steps, the last
+    one version behind."""
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.hf import HFEngine
+    from rstar2_agent.store import Store
     from rstar2_agent.train.distributed import RayConfig
     from rstar2_agent.train.learner import Learner
     from rstar2_agent.train.loss import grpo_advantages
@@ -239,6 +242,18 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
         finally:
             await resumed.close()
         assert ray.is_initialized()  # ...stays connected after the run closes
+
+        # bounded staleness on the Ray path: resumed at step 1 with max_staleness 1, the batches of steps 2 and 3
+        # both generate on the pushed version 1 while the ranks update; step 3 trains one version behind
+        stale = dataclasses.replace(cfg, max_staleness=1, stages=[dataclasses.replace(cfg.stages[0], steps=3)])
+        _, history = await run_rl(stale, resume=True)
+        assert [h["policy_lag_max"] for h in history] == [0, 1]
+        assert all("tis_weight_mean" in h for h in history if h["update_tokens"])  # the decoupled loss
+        store = Store(cfg.db)
+        (row,) = store.runs("rl")
+        assert store.last_step(row.id) == 3
+        assert {(s.details["step"], s.details["version"]) for s in store.samples(row.id)} == {(1, 1), (2, 1)}
+        assert ray.is_initialized()
     finally:
         await run.close()
         ray.shutdown()
