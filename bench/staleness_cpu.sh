@@ -28,8 +28,8 @@ r = lambda key, d=0: [round(m.get(key, 0), d) if d else round(m.get(key, 0)) for
 print(sys.argv[1], "step_time", r("step_time"), "accuracy", r("accuracy", 3), "lag", r("policy_lag_max"),
       "learner_wait_s", r("learner_wait_s"), "time_update", r("time_update"))' "$name"
 done
-# contention 1: two jobs that each want both cores run at half speed when they overlap (see the README)
+# contention: measured here (auto), or CONTENTION=1 (two jobs that each want both cores run at half speed)
 for s in 0 1; do
   "$RSTAR2" train simulate --calibrate "async-k0-s$s" --measured async-k1-s0 --measured async-k1-s1 \
-    --max-staleness 1 --contention "${CONTENTION:-1}" --db "$DB"
+    --max-staleness 1 --contention "${CONTENTION:-auto}" --db "$DB"
 done

@@ -13,7 +13,7 @@ rollouts: each one's response tokens, tool calls, seconds and tool seconds). Fro
 - the tool latency (tool seconds / calls of the stored rollouts), the grading, update and push times, and the rest
   of the learner's step (`step_time` minus its phases) as means over the steps;
 - contention: not visible in a synchronous run (nothing overlaps), so measured on this machine by
-  `measure_contention` (two processes of BLAS work against one) or given.
+  `measure_contention` (two processes of torch matrix work against one) or given.
 
 Then every run is simulated under its own schedule (max_staleness and partial rollouts from its recipe, or given)
 over as many steps, and the mean `step_time` over the same steps (the first `skip` left out) is compared.
@@ -306,24 +306,27 @@ def _measured_step_times(run: RunData, skip: int) -> float:
 
 
 # ---------------------------------------------------------------- contention on this machine
-def _blas_work(reps: int, out) -> None:
-    import numpy as np
+def _blas_work(reps: int, out, start) -> None:
+    """Matrix products on torch's threads, as the learner and vLLM's CPU build run them (numpy's own BLAS threads
+    spin when oversubscribed and read several times the slow-down the two real processes show)."""
+    import torch
 
-    x = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
+    x = torch.randn(1536, 1536, generator=torch.Generator().manual_seed(0))
+    start.wait(timeout=120)  # every process has imported torch: the timed work overlaps whole
     t0 = time.perf_counter()
     for _ in range(reps):
-        x = np.tanh(x @ x * 1e-3)
+        x = torch.tanh(x @ x * 1e-3)
     out.put(time.perf_counter() - t0)
 
 
-def measure_contention(seconds: float = 1.0) -> float:
-    """How much slower two processes of BLAS work run side by side than one alone (the learner and the engine
+def measure_contention(seconds: float = 2.0) -> float:
+    """How much slower two processes of matrix work run side by side than one alone (the learner and the engine
     share this machine the same way): 0 when they do not slow each other, 1 when each runs at half speed."""
     ctx = multiprocessing.get_context("spawn")
 
     def run(procs: int, reps: int) -> float:
-        q = ctx.Queue()
-        ps = [ctx.Process(target=_blas_work, args=(reps, q)) for _ in range(procs)]
+        q, start = ctx.Queue(), ctx.Barrier(procs)
+        ps = [ctx.Process(target=_blas_work, args=(reps, q, start)) for _ in range(procs)]
         for p in ps:
             p.start()
         times = [q.get(timeout=120) for _ in ps]
