@@ -13,7 +13,7 @@ DB=$OUT/store.db
 STAGES="[{steps: $STEPS, max_response_tokens: 640, max_turns: 3, data: tooltasks, data_seed: 7, data_size: 256}]"
 mkdir -p "$OUT"
 for run in 0:0 1:0 1:1 0:1; do
-  k=${run%%:*} s=${run##*:} name=async-k${run%%:*}-s${run##*:}
+  k=${run%%:*} s=${run##*:}; name=async-k$k-s$s
   [ -f "$OUT/$name.done" ] && continue
   echo "$(date +%T) $name"
   "$RSTAR2" train rl --recipe rl-smollm2-tooltasks-cpu "stages=$STAGES" max_staleness="$k" seed="$s" \

@@ -306,7 +306,7 @@ def _measured_step_times(run: RunData, skip: int) -> float:
 
 
 # ---------------------------------------------------------------- contention on this machine
-def _blas_work(reps: int, out, start) -> None:
+def _matrix_work(reps: int, out, start) -> None:
     """Matrix products on torch's threads, as the learner and vLLM's CPU build run them (numpy's own BLAS threads
     spin when oversubscribed and read several times the slow-down the two real processes show)."""
     import torch
@@ -326,7 +326,7 @@ def measure_contention(seconds: float = 2.0) -> float:
 
     def run(procs: int, reps: int) -> float:
         q, start = ctx.Queue(), ctx.Barrier(procs)
-        ps = [ctx.Process(target=_blas_work, args=(reps, q, start)) for _ in range(procs)]
+        ps = [ctx.Process(target=_matrix_work, args=(reps, q, start)) for _ in range(procs)]
         for p in ps:
             p.start()
         times = [q.get(timeout=120) for _ in ps]
