@@ -39,8 +39,12 @@ endif
 	$(PIP) install -q --no-deps bfcl-eval==2025.6.8
 	touch $@
 
+# 2 workers on 2 cores: a third of the suite's time is waiting (see tests/conftest.py); TEST_WORKERS=0 runs it in
+# one process
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -38,6 +38,30 @@ def pytest_configure(config) -> None:
     command line asks for another number."""
     if not config.option.durations:
         config.option.durations = 40
+    # On pytest-xdist workers torch gets its share of the cores (1 each for 2 workers on 2 cores), unless the
+    # environment says: two workers whose torch each spins 2 threads on 2 cores slow each other down several times.
+    # Subprocesses and Ray actors inherit it.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+# `make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup): the tests wait on processes, servers and
+# the sandbox about a third of the time, and the other worker fills it. A session fixture is made once per worker,
+# so the tests of the costly ones run on one worker, as a group: the in-process vLLM engine, the SFT checkpoint.
+# Ray's tests form a group of their own (pytest.mark.xdist_group("ray")): one local cluster at a time.
+SHARED_FIXTURES = {"vllm_engine": "vllm-engine", "sft_checkpoint": "sft-checkpoint"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config, items) -> None:
+    """Each test of a costly shared fixture joins its group; then the grouped and slow tests go first (the longest
+    work is handed out first, and the many short tests fill the end), in file order otherwise."""
+    for item in items:
+        group = next((g for f, g in SHARED_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not (item.get_closest_marker("xdist_group") or item.get_closest_marker("slow")))
 
 
 
@@ -177,6 +201,25 @@ def smol_tokenizer(smol):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smol.path)
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2(smol, tmp_path_factory):
+    """SmolLM2's config cut to 2 narrow layers, random weights (seeded), saved with SmolLM2's tokenizer: the real
+    architecture, tokenizer, engines and learner, in seconds. For the tests of machinery that any policy exercises
+    (the learner's passes, Ray's faults, kills and resumes); what the trained SmolLM2 itself must do is tested on
+    SmolLM2."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(smol.path)
+    cfg.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16})
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-smollm2")
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(smol.path).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="session")

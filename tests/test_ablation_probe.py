@@ -160,9 +160,9 @@ def _ablation(args: list[str], pause: str | None = None) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # four CLI runs (two killed), each loading the model; the SFT fixture
-def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(tmp_path, sft_checkpoint):
-    model, _ = sft_checkpoint
+@pytest.mark.timeout(1800)  # four CLI runs (two killed), each loading the model and its learner
+def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(tmp_path, tiny_smollm2):
+    model = tiny_smollm2
     out = tmp_path / "abl"
     # the ablation's recipe and task family at toy size: one seed, 2 steps (the probe at 0, 1 and 2), 3 probe
     # prompts x 2 samples; the hf engine, not a vLLM start per process (vLLM rollouts are tested in test_engines)

@@ -18,16 +18,16 @@ from rstar2_agent.train.rl import RLRun
 
 from conftest import until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.mark.timeout(900)  # four updates and pushes, two replacements, on a local cluster sharing 2 cores
-async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path):
+async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path, tiny_smollm2):
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.train.distributed import RayConfig
 
-    cfg = tiny(tmp_path, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
+    cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
                                                                             schedule="constant"),
                ray=RayConfig(learners=1, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=1, cpus_per_sandbox_actor=0.25, sandbox_workers=1,

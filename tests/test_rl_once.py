@@ -60,9 +60,9 @@ def _rollouts(db: Path) -> dict[tuple[str, int], tuple[int, list[int]]]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_in_each_window_of_a_step_and_resumed_records_each_step_once(tmp_path):
-    cfg = tiny(tmp_path, stages=[Stage(steps=2, max_response_tokens=16, max_turns=1, data_size=8)], save_every=1,
-               dtype="fp32", tensorboard=True)
+def test_a_run_killed_in_each_window_of_a_step_and_resumed_records_each_step_once(tmp_path, tiny_smollm2):
+    cfg = tiny(tmp_path, model=tiny_smollm2, stages=[Stage(steps=2, max_response_tokens=16, max_turns=1, data_size=8)],
+               save_every=1, dtype="fp32", tensorboard=True)
     cfg.optim.warmup_steps = 2  # lr 1/3, 2/3 of the peak at steps 1, 2: a step trained twice would shift it
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(dump(cfg))

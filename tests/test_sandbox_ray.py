@@ -10,7 +10,7 @@ from rstar2_agent.sandbox import SandboxConfig, Status
 from rstar2_agent.sandbox.ray_pool import RaySandbox
 from rstar2_agent.sandbox.types import ExecRequest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 async def test_two_local_actors_share_the_calls():

@@ -18,24 +18,9 @@ from rstar2_agent.train.rl import RLConfig, RLRun
 from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs, policy_update
 
 
-@pytest.fixture(scope="module")
-def tiny_policy(smol, tmp_path_factory):
-    """SmolLM2's config cut to 2 narrow layers, random weights (seeded), saved with SmolLM2's tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    cfg = AutoConfig.from_pretrained(smol.path)
-    cfg.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 16})
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-smollm2")
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(smol.path).save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture
-def learner(tiny_policy):
-    return Learner(tiny_policy, OptimConfig(lr=1e-3, warmup_steps=0), 4, dtype="fp32")
+def learner(tiny_smollm2):
+    return Learner(tiny_smollm2, OptimConfig(lr=1e-3, warmup_steps=0), 4, dtype="fp32")
 
 
 def rollouts(n: int = 5, seed: int = 0) -> list[tuple[list[int], list[int]]]:

@@ -1,7 +1,8 @@
 """GRPO-RoC: Resample-on-Correct on hand-built groups (including that the paper's sampler follows 1/p), the
 advantage and clipped loss on a hand-computed example, stages; and with the real SmolLM2, the real sandbox
-and the real grader: one update changes the weights and lowers the loss on its batch, and `run_rl` runs,
-stores and resumes."""
+and the real grader: one update changes the weights and lowers the loss on its batch; `run_rl` runs, stores and
+resumes, and the Ray path matches one process, on the 2-layer SmolLM2 (conftest's tiny_smollm2: the machinery,
+in seconds)."""
 
 from __future__ import annotations
 
@@ -129,8 +130,9 @@ async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_
 
 
 @pytest.mark.slow
-def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path):
-    cfg = tiny(tmp_path, save_every=1, dtype="fp32")  # fp32 learner and hf engine alike, on any CPU
+def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path, tiny_smollm2):
+    # fp32 learner and hf engine alike, on any CPU; the tiny model: what is checked is the run's machinery
+    cfg = tiny(tmp_path, model=tiny_smollm2, save_every=1, dtype="fp32")
     final, history = asyncio.run(run_rl(cfg))
     assert len(history) == 2 and final.name == "checkpoint-2" and (final.parent / "last").resolve() == final
     assert {"accuracy", "response_tokens", "tool_error_ratio_positive", "time_rollout", "roc_dropped_groups",
@@ -179,8 +181,9 @@ def test_rl_recipes_fill_the_stages():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(900)  # Ray actors, two FSDP ranks, a local reference update, two more steps, on 2 shared cores
-async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
+async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny_smollm2):
     """`distributed: ray` on a local Ray cluster: two rollout workers behind the replica pool, two sandbox actors,
     two FSDP learner ranks (gloo on CPU). One update on hand-set rewards gives the same loss and gradient norm
     as the single-process learner on the same rollouts, and after the weight sync the rollout workers generate
@@ -196,7 +199,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path):
     from rstar2_agent.train.update import UpdateItem, policy_update
 
     optim = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant")
-    cfg = tiny(tmp_path, distributed="ray", dtype="fp32", optim=optim,
+    cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim,
                ray=RayConfig(learners=2, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=2, cpus_per_sandbox_actor=0.25, sandbox_workers=1))
     run = RLRun(cfg)

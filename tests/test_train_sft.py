@@ -153,8 +153,8 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(sft_checkpoint):
 
 
 @pytest.mark.slow
-def test_resume_takes_exactly_the_next_step(tmp_path):
-    cfg = tiny(tmp_path, max_steps=3, save_every=2)
+def test_resume_takes_exactly_the_next_step(tmp_path, tiny_smollm2):
+    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=3, save_every=2)
     _, straight = run_sft(cfg)
     assert [int(p.name.split("-")[1]) for p in checkpoints(cfg.out)] == [2, 3]
     import shutil
@@ -171,8 +171,8 @@ def test_resume_takes_exactly_the_next_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
-    cfg = tiny(tmp_path, max_steps=2, save_every=1)
+def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
+    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1)
     from transformers import PreTrainedModel
 
     real = PreTrainedModel.save_pretrained
