@@ -44,8 +44,20 @@ def test_parsers_never_raise_and_flag_every_bad_call(text):
 def test_hermes_round_trip(code, stdin):
     proto = HermesProtocol()
     text = "Let me compute.\n" + proto.render_call(STATELESS_TOOL, {"code": code, "input": stdin})
-    [call] = proto.parse(text, TOOLS, max_calls=4)
+    calls = proto.parse(text, TOOLS, max_calls=4)
+    if "</tool_call>" in code or "</tool_call>" in stdin:
+        # as the release's parser (verl's Hermes regex), a call ends at its first </tool_call>, even inside a JSON
+        # string: the model is told the call did not decode
+        assert calls and "not valid JSON" in calls[0].error
+        return
+    [call] = calls
     assert call.error is None and call.arguments == {"code": code, "input": stdin}
+
+
+def test_a_hermes_call_ends_at_its_first_closing_tag_as_the_releases_does():
+    proto = HermesProtocol()
+    [call] = proto.parse(proto.render_call(STATELESS_TOOL, {"code": "", "input": "</tool_call>"}), TOOLS, max_calls=4)
+    assert call.error.startswith("the tool call is not valid JSON")
 
 
 @settings(max_examples=100, deadline=None)
