@@ -164,8 +164,9 @@ def _ablation(args: list[str], pause: str | None = None) -> str:
 def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(tmp_path, tiny_smollm2):
     model = tiny_smollm2
     out = tmp_path / "abl"
-    # the ablation's recipe and task family at toy size: one seed, 2 steps (the probe at 0, 1 and 2), 3 probe
-    # prompts x 2 samples; the hf engine, not a vLLM start per process (vLLM rollouts are tested in test_engines)
+    # the ablation's recipe and task family at toy size, on the 2-layer SmolLM2 (the command's machinery): one
+    # seed, 2 steps (the probe at 0, 1 and 2), 3 probe prompts x 2 samples; the hf engine, not a vLLM start per
+    # process (vLLM rollouts are tested in test_engines)
     args = [RSTAR2, "train", "ablation", "--recipe", "rl-smollm2-tooltasks-cpu", "--seeds", "0", "--steps", "2",
             "--out", str(out), "--final-steps", "1", "--probe-prompts", "3", "--probe-samples", "2",
             "--summary", str(tmp_path / "docs" / "summary.json"), "--png", str(tmp_path / "docs" / "curves.png"),

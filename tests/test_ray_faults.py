@@ -1,8 +1,8 @@
-"""Faults on the `distributed: ray` path of `rstar2 train rl`, on a local Ray cluster with SmolLM2: a rollout
-worker whose process is killed (SIGKILL) in the middle of a step's rollouts is replaced holding the last pushed
-weights, the turns it had in flight rerun there, and the step ends with every rollout, none failed and none twice;
-the next push by the collective reaches the replacement; a worker killed while idle is found and replaced by
-the next push. (A killed sandbox actor: test_sandbox_ray.py.)"""
+"""Faults on the `distributed: ray` path of `rstar2 train rl`, on a local Ray cluster with the 2-layer SmolLM2
+(conftest's tiny_smollm2): a rollout worker whose process is killed (SIGKILL) in the middle of a step's rollouts is
+replaced holding the last pushed weights, the turns it had in flight rerun there, and the step ends with every
+rollout, none failed and none twice; the next push by the collective reaches the replacement; a worker killed while
+idle is found and replaced by the next push. (A killed sandbox actor: test_sandbox_ray.py.)"""
 
 from __future__ import annotations
 
