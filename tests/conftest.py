@@ -65,9 +65,12 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 
-def run_until_paused(args: list[str], pause: str, env: dict[str, str]) -> str:
-    """Run `args` with the test hook RSTAR2_TEST_PAUSE_AT=`pause` (train/rl.py: `pause_for_test`) and SIGKILL its
-    process group once it says it stopped there; its stdout so far. Fails the test if it ends before pausing."""
+def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int = 9, within: float = 30.0,
+                     seen: list[str] | None = None) -> str:
+    """Run `args` with the test hook RSTAR2_TEST_PAUSE_AT=`pause` (train/rl.py: `pause_for_test`) and, once it says
+    it stopped there, SIGKILL its process group (`sig` 9), or send `sig` to the command alone, as `kill` does, and
+    fail unless it ends by itself within `within` seconds; its stdout so far (`seen` gets its last stderr lines and
+    its exit status). Fails the test if it ends before pausing."""
     import signal
     import subprocess
     import tempfile
@@ -85,12 +88,40 @@ def run_until_paused(args: list[str], pause: str, env: dict[str, str]) -> str:
                 proc.wait(timeout=30)
                 pytest.fail(f"the command ended (status {proc.returncode}) before pausing at {pause}:\n"
                             f"{''.join(tail)}")
+            if sig != signal.SIGKILL:
+                proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=within)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"the command was still running {within:.0f} s after signal {sig}")
+                tail += proc.stderr.readlines()[-40:]
+                left = [pid for pid in _group(proc.pid) if pid != proc.pid]
+                assert not left, f"processes of the command's group outlived it: {left}"
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # with sig != 9 the group is gone (checked above)
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
+        if seen is not None:
+            seen += [*tail, f"exit status {proc.returncode}"]
+        if sig == signal.SIGKILL:
+            assert proc.returncode == -signal.SIGKILL
         out.seek(0)
         return out.read()
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                out.append(int(entry))
+    return out
+
 
 async def until(condition, what: str, timeout: float = 20.0) -> None:
     """Wait for `condition()` (a plain or an async callable) to hold, polling every 20 ms; fail after `timeout`

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -31,16 +32,16 @@ RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
 
-def _rl(recipe: Path, resume: bool, pause: str | None) -> subprocess.CompletedProcess | None:
+def _rl(recipe: Path, resume: bool, pause: str | None, **signal_args) -> subprocess.CompletedProcess | None:
     """`rstar2 train rl --recipe RECIPE [--resume]`; with `pause`, SIGKILL its process group once the test hook says
-    it stopped there (None is returned), else wait for it to finish."""
+    it stopped there (None is returned; `signal_args`: see `run_until_paused`), else wait for it to finish."""
     # one torch thread: on a shared 2-core machine two spinning threads make a step about 5x slower
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop(TEST_PAUSE_ENV, None)
     args = [RSTAR2, "train", "rl", "--recipe", str(recipe), *(["--resume"] if resume else [])]
     if not pause:
         return subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)
-    run_until_paused(args, pause, env)
+    run_until_paused(args, pause, env, **signal_args)
     return None
 
 
@@ -123,6 +124,26 @@ def test_a_run_killed_in_each_window_of_a_step_and_resumed_records_each_step_onc
         for name in ("lr", "accuracy", "response_tokens"):
             assert [(e.step, e.value) for e in events.Scalars(name)] == \
                 [(s, pytest.approx(by_step[s][name])) for s in (1, 2)]
+
+
+@pytest.mark.slow
+def test_a_run_ended_by_sigterm_in_a_long_update_exits_within_a_micro_batch_and_resumes(tmp_path, tiny_smollm2):
+    """SIGTERM (or Ctrl-C) while the update's thread is busy: the command ends at the update's next micro-batch,
+    not when the update would have ended. The test hook stands in for a long update (up to 10 minutes, then exit
+    status 3): before the update's thread was told to stop, asyncio.run's exit joined it and the command lingered
+    as long as the update (3 minutes a step in `make ablation` here)."""
+    cfg = tiny(tmp_path, model=tiny_smollm2, stages=[Stage(steps=1, max_response_tokens=16, max_turns=1, data_size=4)],
+               save_every=1, dtype="fp32")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(dump(cfg))
+    seen: list[str] = []
+    _rl(recipe, resume=False, pause="in-update:1", sig=signal.SIGTERM, within=60, seen=seen)
+    assert seen[-1] == "exit status 1", "".join(seen)  # click's Abort: not 3, the hook's timeout
+    assert "Aborted!" in "".join(seen)
+    assert not _metric_rows(Path(cfg.db)) and not (Path(cfg.out) / "checkpoint-1").exists()  # nothing half-recorded
+    p = _rl(recipe, resume=True, pause=None)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted({s for s, _, _ in _metric_rows(Path(cfg.db))}) == [1]
 
 
 def _add_rollout(store: Store, run_id: int, index: int, k: int) -> None:

@@ -29,11 +29,13 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+SHUTDOWN_TIMEOUT_S = 30.0  # a rank's orderly shutdown; past it the rank is killed
 STATE_KEYS_NOT_RETURNED = ("optimizer", "scheduler", "rng")
 
 
@@ -229,15 +231,22 @@ class LearnerGroup:
 
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int) -> dict[str, float]:
-        """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add."""
+    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int,
+               stop: threading.Event | None = None) -> dict[str, float]:
+        """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add. `stop`
+        set: `UpdateStopped` at once (the ranks go on until close() kills them)."""
         import ray
+
+        from .update import check_stop
 
         world = len(self.actors)
         shards = [items[r::world] for r in range(world)]
         batches = max(-(-len(s) // cfg.micro_batch) for s in shards)
-        parts = ray.get([a.update.remote(s, cfg, total_tokens, pad_id, batches)
-                         for a, s in zip(self.actors, shards, strict=True)])
+        refs = [a.update.remote(s, cfg, total_tokens, pad_id, batches)
+                for a, s in zip(self.actors, shards, strict=True)]
+        while stop is not None and ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
+            check_stop(stop)  # the ranks' update is abandoned: close() kills them without waiting for it
+        parts = ray.get(refs)
         self.step += 1
         shares = {k for p in parts for k in p} - {"grad_norm", "lr"}  # token-weighted shares: they add over ranks
         summed = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(shares)}
@@ -329,8 +338,11 @@ class LearnerGroup:
         actors, self.actors = self.actors, []
         if not actors:
             return
-        try:
-            ray.get([a.shutdown.remote() for a in actors])
+        try:  # a rank still in an abandoned update (a stopped command) does not answer: it is killed below
+            ray.get([a.shutdown.remote() for a in actors], timeout=SHUTDOWN_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            log.warning("learner ranks did not shut down within %.0f s (an update still running?): killed",
+                        SHUTDOWN_TIMEOUT_S)
         finally:
             for a in actors:
                 ray.kill(a)

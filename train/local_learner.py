@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from rstar2_agent.engines.base import Engine
@@ -13,9 +14,11 @@ from .update import UpdateItem, policy_update
 
 
 class LocalLearner(Learner):
-    def update(self, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int) -> dict[str, float]:
-        """The PPO pass over `items` and one optimizer step; the step's metrics."""
-        metrics = policy_update(self, items, cfg, total_tokens, pad_id)
+    def update(self, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int,
+               stop: threading.Event | None = None) -> dict[str, float]:
+        """The PPO pass over `items` and one optimizer step; the step's metrics. `stop` set: `UpdateStopped` before
+        the next micro-batch, and no optimizer step."""
+        metrics = policy_update(self, items, cfg, total_tokens, pad_id, stop=stop)
         return {**metrics, **self.optimizer_step(), "update_tokens": total_tokens}
 
     def shares_weights(self, engine: Engine) -> bool:

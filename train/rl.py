@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import random
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -315,11 +316,13 @@ class RLRun:
         log.info("stage filter: %d of %d problems kept (solved %d/%d dropped)", len(self.pool_ids), len(pool), k, k)
 
     # ------------------------------------------------------------------ update
-    def update(self, kept: list[list[tuple[Trajectory, float]]]) -> dict[str, float]:
+    def update(self, kept: list[list[tuple[Trajectory, float]]],
+               stop: threading.Event | None = None) -> dict[str, float]:
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, adv) for group in kept
                  for (t, _), adv in zip(group, grpo_advantages([r for _, r in group]), strict=True)]
         total = sum(sum(i.response_mask) for i in items)
-        return self.learner.update(items, self.cfg, total, self.fmt.tokenizer.pad_token_id or 0)
+        pause_for_test("in-update", self.learner.step + 1, stop)
+        return self.learner.update(items, self.cfg, total, self.fmt.tokenizer.pad_token_id or 0, stop)
 
     async def sync_weights(self) -> float:
         """Push the new weights to the rollout engine; seconds taken (~0 with the hf engine: shared weights)."""
@@ -371,7 +374,12 @@ class RLRun:
             roc_metrics = {"roc_dropped_groups": len(groups) - len(kept)}
         version = self.learner.step
         t1 = time.perf_counter()
-        upd = await asyncio.to_thread(self.update, kept)  # nothing kept: no gradient, the step still advances
+        stop = threading.Event()
+        try:  # nothing kept: no gradient, the step still advances
+            upd = await asyncio.to_thread(self.update, kept, stop)
+        except asyncio.CancelledError:  # the command is ending: the thread stops at its next micro-batch, so
+            stop.set()  # asyncio.run's exit, which joins it, waits seconds, not the rest of the update
+            raise
         pause_for_test("update", step + 1)  # the weights moved in memory; nothing of the step is recorded or saved
         t_update = time.perf_counter() - t1
         t_sync = push_wait = 0.0
@@ -430,18 +438,24 @@ class RLRun:
 TEST_PAUSE_ENV = "RSTAR2_TEST_PAUSE_AT"
 
 
-def pause_for_test(point: str, step: int) -> None:
+def pause_for_test(point: str, step: int, stop: threading.Event | None = None) -> None:
     """A test hook, never set in real runs: with RSTAR2_TEST_PAUSE_AT=POINT:STEP (STEP counted from 1, as the store
     counts) the process logs `test hook: paused at POINT:STEP` and stops there (the whole event loop, for up to 10
     minutes, then exits with status 3), so a test can SIGKILL it in that window. Points: rollout (the step's first
-    rollout is done, the rest in flight), update (after the optimizer step, nothing recorded), stored (the rollouts
-    are in the store, the metrics are not), recorded (the metrics are in the store, the checkpoint is not saved)."""
+    rollout is done, the rest in flight), in-update (in the update's thread, before its first micro-batch: a long
+    update; `stop` ends the pause, as it ends an update), update (after the optimizer step, nothing recorded),
+    stored (the rollouts are in the store, the metrics are not), recorded (the metrics are in the store, the
+    checkpoint is not saved)."""
     if os.environ.get(TEST_PAUSE_ENV) != f"{point}:{step}":
         return
     import sys
 
     print(f"test hook: paused at {point}:{step}", file=sys.stderr, flush=True)
-    time.sleep(600)
+    if stop is not None:
+        if stop.wait(600):
+            return
+    else:
+        time.sleep(600)
     os._exit(3)
 
 

@@ -14,6 +14,7 @@ min(pi_learner / pi_engine, tis_cap), the correction for having sampled from the
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,17 @@ from .learner import Learner
 from .loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
 
 ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
+
+
+class UpdateStopped(Exception):
+    """The update was asked to stop (its command is ending: SIGTERM, Ctrl-C) and did, between two micro-batches."""
+
+
+def check_stop(stop: threading.Event | None) -> None:
+    """Raise `UpdateStopped` when `stop` is set: called before every micro-batch's forward, so a command that ends
+    waits for one micro-batch, not the whole update (minutes at 14B, and minutes on 2 CPU cores here)."""
+    if stop is not None and stop.is_set():
+        raise UpdateStopped("the policy update was stopped before its optimizer step; nothing of it is kept")
 
 
 @dataclass
@@ -45,19 +57,21 @@ def check_rollout_correction(mode: str, cap: float) -> None:
 
 
 def policy_update(learner: Learner, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int, *,
-                  batches: int = 0, scale: float = 1.0) -> dict[str, float]:
+                  batches: int = 0, scale: float = 1.0, stop: threading.Event | None = None) -> dict[str, float]:
     """The old-logprob pass, then forward and backward of the token-level PPO-clip loss over `items` in
     micro-batches (no optimizer step); `cfg` is the run's RLConfig (micro_batch, temperature, eps_low, eps_high,
     rollout_correction, tis_cap).
     The loss is divided by the whole step's response tokens, so micro-batches and ranks add up; `batches`
     pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
-    gradient averaging over ranks. Metrics are this share's token-weighted parts."""
+    gradient averaging over ranks. Metrics are this share's token-weighted parts. With `stop` set it raises
+    `UpdateStopped` before the next micro-batch (see `check_stop`)."""
     parts = micro_batches(items, cfg.micro_batch, pad_id, batches)
-    old = old_logprobs(learner, parts, cfg.temperature)
+    old = old_logprobs(learner, parts, cfg.temperature, stop)
     learner.model.train()
     denominator = max(1, total_tokens)
     metrics: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
     for batch, old_logp in zip(parts, old, strict=True):
+        check_stop(stop)
         logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
         logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
         logp = token_logprobs(logits, targets, cfg.temperature)
@@ -88,12 +102,14 @@ def micro_batches(items: list[UpdateItem], size: int, pad_id: int, batches: int 
 
 
 @torch.no_grad()
-def old_logprobs(learner: Learner, parts: list[dict[str, torch.Tensor]], temperature: float) -> list[torch.Tensor]:
+def old_logprobs(learner: Learner, parts: list[dict[str, torch.Tensor]], temperature: float,
+                 stop: threading.Event | None = None) -> list[torch.Tensor]:
     """The current (pre-update) policy's logprob of every token under softmax(logits / T), one [batch, width - 1]
     tensor per micro-batch (position t holds token t + 1, as in the update), without gradients or dropout."""
     learner.model.eval()
     out = []
     for batch in parts:
+        check_stop(stop)
         logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
         out.append(token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device), temperature))
     return out
