@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import statistics
 from collections.abc import Callable
@@ -427,4 +428,13 @@ def ablation_settings(cfg: RLConfig, recipe: str, seeds: list[int], ab: Ablation
                 "sampling": "rollout seed = f(training seed, prompt, sample); the SFT start probed once, with "
                             f"seed {seeds[0]}'s draws, for every arm and seed"},
             "finished": {"steps_done": runs, "probes_stored": sorted(ab.probes)},
-            "machine": "2 shared CPU cores (other jobs ran beside it)"}
+            "machine": _machine()}
+
+
+def _machine() -> str:
+    """Where the figures were measured: the CPU cores, and the GPUs torch sees."""
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return f"{os.cpu_count()} CPU cores" + (f", {len(gpus)} GPU(s): {', '.join(sorted(set(gpus)))}" if gpus else
+                                           ", no GPU")
