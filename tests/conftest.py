@@ -93,7 +93,10 @@ def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int 
                 try:
                     proc.wait(timeout=within)
                 except subprocess.TimeoutExpired:
-                    pytest.fail(f"the command was still running {within:.0f} s after signal {sig}")
+                    threads = _threads(proc.pid)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    pytest.fail(f"the command was still running {within:.0f} s after signal {sig}; its threads:\n"
+                                f"{threads}\nits stderr:\n" + "".join(tail + proc.stderr.readlines()[-60:]))
                 tail += proc.stderr.readlines()[-40:]
                 left = [pid for pid in _group(proc.pid) if pid != proc.pid]
                 assert not left, f"processes of the command's group outlived it: {left}"
@@ -107,6 +110,19 @@ def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int 
             assert proc.returncode == -signal.SIGKILL
         out.seek(0)
         return out.read()
+
+def _threads(pid: int) -> str:
+    """Each thread of `pid`: name, state, kernel wait and signal masks (for a command that ignores a signal)."""
+    lines = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        with contextlib.suppress(OSError):
+            status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/task/{tid}/status").read().splitlines()
+                          if ":\t" in line)
+            wchan = open(f"/proc/{pid}/task/{tid}/wchan").read()
+            lines.append(f"{tid} {status.get('Name')} {status.get('State')} {wchan} blk {status.get('SigBlk')} "
+                         f"pnd {status.get('SigPnd')} shd {status.get('ShdPnd')} cgt {status.get('SigCgt')}")
+    return "\n".join(lines)
+
 
 def _group(pgid: int) -> list[int]:
     """The live processes of process group `pgid`, from /proc."""

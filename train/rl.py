@@ -377,9 +377,9 @@ class RLRun:
         stop = threading.Event()
         try:  # nothing kept: no gradient, the step still advances
             upd = await asyncio.to_thread(self.update, kept, stop)
-        except asyncio.CancelledError:  # the command is ending: the thread stops at its next micro-batch, so
-            stop.set()  # asyncio.run's exit, which joins it, waits seconds, not the rest of the update
-            raise
+        except BaseException:  # the command is ending (cancelled, or SIGTERM raised while the thread was being
+            stop.set()  # started): the thread stops at its next micro-batch, so asyncio.run's exit, which joins
+            raise  # it, waits seconds, not the rest of the update
         pause_for_test("update", step + 1)  # the weights moved in memory; nothing of the step is recorded or saved
         t_update = time.perf_counter() - t1
         t_sync = push_wait = 0.0
