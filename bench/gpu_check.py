@@ -6,7 +6,7 @@ repository that is not pip-installed: it puts the repository root first on sys.p
 `rstar2_agent.train` onto the top-level train/ folder itself, as pyproject's package-dir does. The random model
 and a minimal offline tokenizer are saved to a temporary folder, so the project's own code paths load them:
 
-1. learner: `Learner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the old-logprob forward, then
+1. learner: `TorchLearner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the old-logprob forward, then
    the GRPO-RoC PPO-clip forward and backward) on --batch sequences of --seq tokens in micro-batches of
    --micro-batch, then `optimizer_step`; tokens/s over --steps timed steps after --warmup,
    MFU = 8 * params * tokens/s / peak (2N for the old-logprob pass, 6N for the update).
@@ -36,7 +36,6 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -121,12 +120,12 @@ def random_ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------------------- 1. learner
 def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, device: torch.device
                   ) -> dict[str, Any]:
-    from rstar2_agent.train.learner import Learner, OptimConfig
-    from rstar2_agent.train.update import UpdateItem, policy_update
+    from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+    from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem, policy_update
 
     steps, warmup = args.steps, args.warmup
-    learner = Learner(str(folder), OptimConfig(lr=1e-5, warmup_steps=0), total_steps=steps + warmup,
-                      dtype="bf16" if device.type == "cuda" else "auto")
+    learner = TorchLearner(str(folder), OptimConfig(lr=1e-5, warmup_steps=0), total_steps=steps + warmup,
+                           dtype="bf16" if device.type == "cuda" else "auto")
     if learner.device != device:  # Learner picks CUDA whenever it exists; --device cpu on a GPU machine
         learner.device = device
         learner.model.to(device)  # the optimizer's state is created lazily, on the first step
@@ -137,8 +136,7 @@ def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, 
     old = -math.log(info["vocab"])
     items = [UpdateItem(s[:prompt], s[prompt:], [1] * (args.seq - prompt), [old] * (args.seq - prompt),
                         1.0 if i % 2 else -1.0) for i, s in enumerate(ids)]
-    cfg = SimpleNamespace(micro_batch=args.micro_batch, temperature=1.0, eps_low=0.2, eps_high=0.28,
-                          rollout_correction="none", tis_cap=2.0)
+    cfg = UpdateConfig(micro_batch=args.micro_batch, pad_id=0)
     total = sum(len(it.response_ids) for it in items)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -146,7 +144,7 @@ def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, 
     for i in range(warmup + steps):
         sync(device)
         t0 = time.perf_counter()
-        metrics = policy_update(learner, items, cfg, total, pad_id=0)
+        metrics = policy_update(learner, items, cfg, total)
         metrics |= learner.optimizer_step()
         sync(device)
         dt = time.perf_counter() - t0

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,14 +68,16 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int = 9, within: float = 30.0,
                      seen: list[str] | None = None) -> str:
-    """Run `args` with the test hook RSTAR2_TEST_PAUSE_AT=`pause` (train/rl.py: `pause_for_test`) and, once it says
-    it stopped there, SIGKILL its process group (`sig` 9), or send `sig` to the command alone, as `kill` does, and
-    fail unless it ends by itself within `within` seconds; its stdout so far (`seen` gets its last stderr lines and
-    its exit status). Fails the test if it ends before pausing."""
+    """Run `args` (an `rstar2` command line) under the test hook of tests/pause_hook.py with
+    RSTAR2_TEST_PAUSE_AT=`pause` and, once it says it stopped there, SIGKILL its process group (`sig` 9), or send
+    `sig` to the command alone, as `kill` does, and fail unless it ends by itself within `within` seconds; its
+    stdout so far (`seen` gets its last stderr lines and its exit status). Fails the test if it ends before
+    pausing."""
     import signal
     import subprocess
     import tempfile
 
+    args = [sys.executable, str(ROOT / "tests" / "pause_hook.py"), *args[1:]]
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: a full unread pipe would block the command
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE, text=True,
                                 env={**env, "RSTAR2_TEST_PAUSE_AT": pause}, start_new_session=True)
@@ -322,7 +325,7 @@ async def serve_url(engine, sandbox):
 
 def sft_config(out, **kw):
     """A small SFT run of SmolLM2 writing under `out`: 6 synthetic conversations, one epoch, lr 1e-4."""
-    from rstar2_agent.train.learner import OptimConfig
+    from rstar2_agent.train.learner.model import OptimConfig
     from rstar2_agent.train.sft import SFTConfig
 
     base = dict(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=1, out=str(out / "sft"),

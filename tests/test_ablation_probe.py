@@ -15,8 +15,8 @@ import pytest
 
 from rstar2_agent import tool_tasks
 from rstar2_agent.stats import paired_ratio_bootstrap
-from rstar2_agent.train.ablation import Ablation, power, probe_summary
-from rstar2_agent.train.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
+from rstar2_agent.train.ablation.experiment import Ablation, power, probe_summary
+from rstar2_agent.train.ablation.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
 from rstar2_agent.train.recipe import load
 from rstar2_agent.train.rl import RLConfig, Stage
 

@@ -68,17 +68,14 @@ async def test_vllm_seeded_requests_survive_a_prefill_split_across_steps(vllm_en
 
 
 async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vllm_engine):
-    """`rollout_engine: vllm` in one process: after RLRun.sync_weights the engine samples from the learner's
+    """`rollout_engine: vllm` in one process: after the learner's push the engine samples from the learner's
     current policy (its logprobs match the learner's on the sampled ids), where before it sampled the stale one."""
-    from types import SimpleNamespace
-
     import torch
     from safetensors.torch import load_file
 
-    from rstar2_agent.train.learner import OptimConfig
-    from rstar2_agent.train.local_learner import LocalLearner
+    from rstar2_agent.train.learner.local import LocalLearner
+    from rstar2_agent.train.learner.model import OptimConfig
     from rstar2_agent.train.loss import token_logprobs
-    from rstar2_agent.train.rl import RLRun
 
     learner = LocalLearner(vllm_engine.model_path, OptimConfig(), total_steps=1, dtype="fp32")
     ids = prompt(vllm_engine.tokenizer)
@@ -98,9 +95,8 @@ async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vl
             if "down_proj" in name:
                 p.mul_(1.1)
     stale = await gap()
-    run = SimpleNamespace(learner=learner, cfg=SimpleNamespace(rollout_engine="vllm"), engine=vllm_engine)
     try:
-        assert await RLRun.sync_weights(run) > 0
+        await learner.push(vllm_engine)  # what the RL step's sync does with this engine
         fresh = await gap()
     finally:
         await vllm_engine.load_weights(load_file(f"{vllm_engine.model_path}/model.safetensors"))

@@ -114,7 +114,7 @@ def test_each_profile_answers_the_other_s_name_for_the_python_tool():
 
 
 def test_history_renders_assistant_turns_as_written_so_sft_can_teach_the_profile(smol_tokenizer):
-    from rstar2_agent.train.chat_data import render
+    from rstar2_agent.train.data.chat_data import render
 
     fmt = ChatFormat(smol_tokenizer, "rstar2-paper")
     record = {"messages": [
@@ -175,7 +175,7 @@ def test_one_record_set_teaches_each_profile_its_own_turns(smol_tokenizer):
     """Generated SFT records keep the problem and the raw tool result: the paper's profile writes the problem after
     its prefix and the result as bare output; hermes keeps its own wrapping and JSON result."""
     from rstar2_agent.synthetic import conversations
-    from rstar2_agent.train.chat_data import render
+    from rstar2_agent.train.data.chat_data import render
 
     record = conversations(0, 1)[0]
     problem = next(m["problem"] for m in record["messages"] if m["role"] == "user")

@@ -13,7 +13,7 @@ import signal
 import pytest
 from test_train_rl import tiny
 
-from rstar2_agent.train.learner import OptimConfig
+from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.rl import RLRun
 
 from conftest import until
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path, tiny_smollm2):
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
-    from rstar2_agent.train.distributed import RayConfig
+    from rstar2_agent.train.learner.ray_group import RayConfig
 
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
                                                                             schedule="constant"),
@@ -35,25 +35,26 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
     run = RLRun(cfg)
     try:
         await run.start()
-        stage, pool = run.cfg.stages[0], run.engine
+        stage, rollouts = run.cfg.stages[0], run.rollouts
+        pool = rollouts.engine
         workers = pool.engines
         prompt = run.fmt.render_prompt("What is 6 * 7?")
         greedy = SamplingParams(temperature=0.0, max_tokens=8)
         base = await workers[1].generate(prompt, greedy)
 
-        prompts = run.prompts(run.pool(stage), 0)
-        groups = await run.rollouts(prompts, 4, stage, 0)
+        prompts = rollouts.prompts(rollouts.pool(stage), 0)
+        groups = await rollouts.groups(prompts, 4, stage, 0)
         run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
         await run.sync_weights()  # by the collective: the workers now hold the learner's step-1 weights
         pushed = await workers[1].generate(prompt, greedy)
         assert max(abs(a - b) for a, b in zip(pushed.logprobs, base.logprobs, strict=False)) > 1e-4  # moved
 
         pid = await workers[0].pid()
-        rollouts = asyncio.create_task(run.rollouts(prompts, 4, stage, 1))
+        task = asyncio.create_task(rollouts.groups(prompts, 4, stage, 1))
         await until(lambda: pool.loads[0].in_flight > 0, "a turn in flight on rollout worker 0", timeout=300)
         in_flight = pool.loads[0].in_flight
         os.kill(pid, signal.SIGKILL)
-        groups = await asyncio.wait_for(rollouts, 600)
+        groups = await asyncio.wait_for(task, 600)
 
         assert workers[0].restarts == 1 and workers[0].incarnation == 1 and await workers[0].pid() != pid
         trajs = [t for g in groups for t, _ in g]

@@ -3,8 +3,6 @@ SmolLM2, the loop ends it as `max_tokens` and RL rewards it 0, though the answer
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from rstar2_agent.agent import AgentConfig, run_agent, stop_after_turn
@@ -12,7 +10,8 @@ from rstar2_agent.chat_format import ChatFormat, answer_blocks, extract_answer
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
-from rstar2_agent.train.rl import RLRun
+from rstar2_agent.train.rl import RLConfig
+from rstar2_agent.train.rollouts import Rollouts
 
 # Greedy SmolLM2 copies the shots: an <answer> block first, then a sentence after it.
 SHOTS = [{"role": "user", "content": "What is 1+1?"},
@@ -56,9 +55,9 @@ async def test_a_turn_cut_by_the_context_mid_answer_is_truncated_and_rewarded_0(
     try:
         gold = extract_answer(cut.text)
         assert (await grader.grade(cut.text, gold)).correct  # the text holds a right answer...
-        run = SimpleNamespace(grader=grader)  # RLRun.reward needs only the grader
-        assert await RLRun.reward(run, cut, gold) == 0.0  # ...but a truncated rollout gets 0
-        assert await RLRun.reward(run, full, gold) == 1.0
+        rollouts = Rollouts(RLConfig(), fmt, grader=grader)  # the reward needs no engine
+        assert await rollouts.reward(cut, gold) == 0.0  # ...but a truncated rollout gets 0
+        assert await rollouts.reward(full, gold) == 1.0
     finally:
         grader.close()
 
@@ -69,17 +68,15 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
     must stop RL with the engine's error, not grade the failures 0, update on nothing and save as if all went well."""
     from rstar2_agent.engines.base import EngineError
     from rstar2_agent.engines.openai import OpenAIEngine
-    from rstar2_agent.train.rl import RLConfig, Stage
+    from rstar2_agent.train.rl import Stage
 
     from conftest import free_port
 
     gone = OpenAIEngine(f"http://127.0.0.1:{free_port()}", model="m", tokenizer=smol_tokenizer, context_length=2048)
-    run = RLRun.__new__(RLRun)  # the rollout phase needs only the engine, the sandbox, the format and the config
-    run.cfg = RLConfig()
-    run.attach(gone, sandbox)
-    run.fmt = ChatFormat(smol_tokenizer, "hermes")
+    rollouts = Rollouts(RLConfig(), ChatFormat(smol_tokenizer, "hermes"))  # the rollout phase needs no learner
+    rollouts.attach(gone, sandbox, owns_engine=False)
     try:
         with pytest.raises(EngineError, match=r"all 4 rollouts of step 3 failed .*ConnectError.*--resume"):
-            await run.rollouts([("p1", "What is 2+2?", "4"), ("p2", "What is 3+3?", "6")], 2, Stage(steps=1), step=3)
+            await rollouts.groups([("p1", "What is 2+2?", "4"), ("p2", "What is 3+3?", "6")], 2, Stage(steps=1), step=3)
     finally:
         await gone.close()

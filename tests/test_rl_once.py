@@ -2,7 +2,7 @@
 checkpoint, then mid-rollout, then between a step's rollouts and its metrics, resumes with `--resume` and ends with
 every step in the store once, its rollouts once, the report one row a step, the learning-rate schedule advanced once
 a step, and (when tensorboard is installed) each step once in the TensorBoard curves. The process stops in each
-window through the `RSTAR2_TEST_PAUSE_AT` test hook of train/rl.py. Also: `forget_unsaved` on a hand-made store, and
+window through the test hook of tests/pause_hook.py. Also: `forget_unsaved` on a hand-made store, and
 TensorBoard's purge on a resumed writer."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 from test_train_rl import tiny
 
 from rstar2_agent.store import Store, sample_row
-from rstar2_agent.train.learner import lr_factor
+from rstar2_agent.train.learner.model import lr_factor
 from rstar2_agent.train.recipe import dump
-from rstar2_agent.train.rl import TEST_PAUSE_ENV, Stage, forget_unsaved
+from rstar2_agent.train.rl import Stage, forget_unsaved
 from rstar2_agent.trajectory import Trajectory
 
 from conftest import run_until_paused
@@ -37,7 +37,7 @@ def _rl(recipe: Path, resume: bool, pause: str | None, **signal_args) -> subproc
     it stopped there (None is returned; `signal_args`: see `run_until_paused`), else wait for it to finish."""
     # one torch thread: on a shared 2-core machine two spinning threads make a step about 5x slower
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env.pop(TEST_PAUSE_ENV, None)
+    env.pop("RSTAR2_TEST_PAUSE_AT", None)
     args = [RSTAR2, "train", "rl", "--recipe", str(recipe), *(["--resume"] if resume else [])]
     if not pause:
         return subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)

@@ -123,10 +123,10 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
     1 and is pushed; B, now one version old, is trained with the decoupled loss (the ratio against the learner's
     proximal logprobs, the truncated weight to the engine's): its advantage-weighted logprob under the learner
     rises, and the step reports the lag."""
-    from rstar2_agent.train.learner import OptimConfig
+    from rstar2_agent.train.learner.model import OptimConfig
+    from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs
     from rstar2_agent.train.loss import grpo_advantages
-    from rstar2_agent.train.rl import Batch
-    from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs
+    from rstar2_agent.train.rollouts import Batch
 
     cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=1, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
@@ -147,10 +147,11 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
 
     try:
         await run.start()
-        stage, pool = cfg.stages[0], run.pool(cfg.stages[0])
-        a, b = await asyncio.gather(*(run.batch(run.prompts(pool, s), 4, stage, s) for s in (0, 1)))
+        stage, rollouts = cfg.stages[0], run.rollouts
+        pool = rollouts.pool(stage)
+        a, b = await asyncio.gather(*(rollouts.batch(rollouts.prompts(pool, s), 4, stage, s) for s in (0, 1)))
         first = await run.learn(graded(a), None, None)
-        assert first["policy_lag_max"] == 0 and run.gate.version == 1 and run.learner.step == 1
+        assert first["policy_lag_max"] == 0 and rollouts.gate.version == 1 and run.learner.step == 1
         before = weighted_logprob(graded(b))
         second = await run.learn(b, None, None)
         assert second["policy_lag_max"] == 1 and second["update_tokens"] > 0 and "tis_weight_mean" in second

@@ -1,17 +1,22 @@
-"""Resample-on-Correct against the release's down-sampling (microsoft/rStar rstar2_agent/down_sample/): G below the
+"""Resample-on-Correct: the penalty as the design states it, all-equal groups dropped and the split counts, the paper's
+sampler following 1/p, and against the release's down-sampling (microsoft/rStar rstar2_agent/down_sample/): G below the
 minimum of both sides is refused unless one of each side is asked for, and then a mixed group keeps both; the
 counts follow the release's order; "topk" ranks positives by the penalty the release computes on the response
 text, on trajectories built turn by turn where that penalty and ours disagree."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.train.rl import RLConfig, RLRun, rollout_stats
+from rstar2_agent.train.rl import RLConfig, RLRun
 from rstar2_agent.train.roc import (
     Group,
     RolloutStats,
+    _weighted_sample,
     check_sizes,
     penalty,
     release_error_ratio,
@@ -20,7 +25,50 @@ from rstar2_agent.train.roc import (
     resample_on_correct,
     split_counts,
 )
+from rstar2_agent.train.rollouts import rollout_stats
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn
+
+
+def rs(reward, calls=1, errors=0, blocks=1, ok=True, turns=2):
+    return RolloutStats(reward, calls, errors, blocks, ok, turns)
+
+
+def test_penalty_follows_the_design():
+    assert penalty(rs(1, calls=4, errors=1)) == pytest.approx(0.25)
+    assert penalty(rs(1, calls=0)) == pytest.approx(0.5)  # no tool call
+    assert penalty(rs(1, ok=False)) == pytest.approx(1.0)  # no well-formed answer
+    assert penalty(rs(1, blocks=3, turns=4)) == pytest.approx(0.5)  # extra answer blocks
+
+
+def test_all_equal_groups_are_dropped_and_counts_follow_the_split():
+    same = Group(list("abcdefgh"), [rs(1)] * 8)
+    zero = Group(list("abcdefgh"), [rs(0)] * 8)
+    mixed = Group(list(range(8)), [rs(1)] * 6 + [rs(0)] * 2)
+    kept, stats = resample_on_correct([same, zero, mixed], g=4, seed=0)
+    assert stats.dropped_all_equal == 2 and len(kept) == 1 and len(kept[0]) == 4
+    assert stats.kept_positive == 2 and stats.kept_negative == 2  # at least 2 of each side
+    assert split_counts(6, 2, 4) == (2, 2) and split_counts(1, 7, 4) == (1, 3) and split_counts(4, 4, 4) == (2, 2)
+    assert split_counts(12, 4, 8) == (6, 2) and split_counts(3, 0, 8) == (3, 0)
+
+
+def test_topk_keeps_the_lowest_release_penalties():
+    stats = [RolloutStats(1, release_penalty=p) for p in (0.5, 0.0, 1.0, 0.2)] + [rs(0)] * 4
+    kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk")
+    positives = [i for i in kept[0] if i < 4]
+    assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0 (below: the release's penalty)
+
+
+def test_the_paper_sampler_follows_inverse_penalty():
+    weights = [1 / 0.25, 1 / 0.5, 1 / 1.0, 1 / 1.5]
+    rng = random.Random(0)
+    counts = Counter(_weighted_sample([0, 1, 2, 3], weights, 1, rng)[0] for _ in range(40000))
+    total = sum(weights)
+    for i, w in enumerate(weights):
+        assert counts[i] / 40000 == pytest.approx(w / total, abs=0.01)
+    chi2 = sum((counts[i] - 40000 * w / total) ** 2 / (40000 * w / total) for i, w in enumerate(weights))
+    assert chi2 < 16.3  # p > 0.001 with 3 degrees of freedom
+
+
 
 
 # ---------------------------------------------------------------------------------------------- G and the minimums

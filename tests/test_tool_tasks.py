@@ -92,7 +92,7 @@ async def test_clean_records_call_once_and_the_share_mixes_the_kinds(sandbox):
 
 
 def test_the_tooltasks_source_loads_through_load_records():
-    from rstar2_agent.train.converters import load_records
+    from rstar2_agent.train.data.converters import load_records
 
     records = load_records("tooltasks:6:21:1.0")  # N:SEED:ERROR_SHARE
     assert len(records) == 6 and all(len(_calls(r)) == 2 for r in records)
@@ -101,12 +101,11 @@ def test_the_tooltasks_source_loads_through_load_records():
 
 def test_the_rl_stage_picks_the_tool_tasks_generator():
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rl import RLConfig, RLRun, Stage
+    from rstar2_agent.train.rl import RLConfig, Stage
+    from rstar2_agent.train.rollouts import Rollouts
 
     cfg = load(RLConfig, "rl-smollm2-tooltasks-cpu")
     assert cfg.stages[0].data == "tooltasks" and cfg.model == "runs/sft-smollm2-tooltasks-cpu/last"
     assert Stage(steps=1).data == "synthetic"
-    run = RLRun.__new__(RLRun)  # the pool needs no model: skip loading one
-    run.pool_ids = None
-    pool = run.pool(Stage(steps=1, data="tooltasks", data_seed=5, data_size=4))
+    pool = Rollouts(cfg, None).pool(Stage(steps=1, data="tooltasks", data_seed=5, data_size=4))
     assert pool == {p.id: (p.question, p.answer) for p in problems(5, 4)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2_agent.stats import student_t_cdf
-from rstar2_agent.train.ablation import arms, paired_t, sign_flip_p, table
+from rstar2_agent.train.ablation.experiment import arms, paired_t, sign_flip_p, table
 from rstar2_agent.train.rl import RLConfig
 
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from rstar2_agent.train.learner import Learner, OptimConfig
+from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs, policy_update
 from rstar2_agent.train.loss import ppo_clip_loss, rollout_mismatch, tis_weights
-from rstar2_agent.train.rl import RLConfig, RLRun
-from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs, policy_update
+from rstar2_agent.train.rl import RLConfig, RLRun, update_config
 
 
 @pytest.fixture
 def learner(tiny_smollm2):
-    return Learner(tiny_smollm2, OptimConfig(lr=1e-3, warmup_steps=0), 4, dtype="fp32")
+    return TorchLearner(tiny_smollm2, OptimConfig(lr=1e-3, warmup_steps=0), 4, dtype="fp32")
 
 
 def rollouts(n: int = 5, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -30,7 +30,7 @@ def rollouts(n: int = 5, seed: int = 0) -> list[tuple[list[int], list[int]]]:
              torch.randint(3, 49152, (6 + 2 * i,), generator=g).tolist()) for i in range(n)]
 
 
-def direct_logprobs(learner: Learner, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+def direct_logprobs(learner: TorchLearner, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
     """The response tokens' logprobs from a forward pass of this one sequence, no padding, no batching."""
     with torch.no_grad():
         logits = learner.model(torch.tensor([prompt + response])).logits[0].float()
@@ -111,7 +111,7 @@ def update_on(learner, data, advs, cfg, offset=offsets) -> tuple[dict[str, float
         items.append(UpdateItem(p, r, [1] * len(r), [x - o for x, o in zip(own, offset(len(r)), strict=True)], a))
     learner.optimizer.zero_grad(set_to_none=True)
     total = sum(len(r) for _, r in data)
-    metrics = policy_update(learner, items, cfg, total, pad_id=2)
+    metrics = policy_update(learner, items, update_config(cfg, pad_id=2), total)
     return metrics, [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
 
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from rstar2_agent.benchmark_data import SOURCES, DataError
-from rstar2_agent.train.problems import (
+from rstar2_agent.train.data.problems import (
     BenchmarkIndex,
     Counts,
     RLProblem,
@@ -226,11 +226,10 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- RL stages
 def _pool(stage, out, data_dir=None, pool_ids=None):
-    from rstar2_agent.train.rl import RLConfig, RLRun
+    from rstar2_agent.train.rl import RLConfig
+    from rstar2_agent.train.rollouts import Rollouts
 
-    run = RLRun.__new__(RLRun)  # the pool needs no model: skip loading one
-    run.cfg, run.pool_ids = RLConfig(out=str(out), data_dir=data_dir), pool_ids
-    return run.pool(stage)
+    return Rollouts(RLConfig(out=str(out), data_dir=data_dir), None, pool_ids=pool_ids).pool(stage)  # no model
 
 
 def test_an_rl_stage_reads_a_problems_file_with_stable_ids_and_a_seeded_cap(tmp_path):

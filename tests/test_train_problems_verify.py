@@ -17,8 +17,8 @@ import pytest
 
 from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.engines.base import Engine, Generation
-from rstar2_agent.train.problems import RLProblem, read_problems, write_problems
-from rstar2_agent.train.problems_verify import VerifyConfig, progress_path, verify
+from rstar2_agent.train.data.problems import RLProblem, read_problems, write_problems
+from rstar2_agent.train.data.problems_verify import VerifyConfig, progress_path, verify
 
 from conftest import ROOT, free_port, serving, until
 
@@ -119,7 +119,7 @@ async def test_no_server_says_so(tmp_path):
 
 
 def test_the_journal_cuts_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
-    from rstar2_agent.train.journal import Journal
+    from rstar2_agent.train.data.journal import Journal
 
     path = tmp_path / "j.jsonl"
     with Journal(path) as j:

@@ -1,5 +1,5 @@
-"""GRPO-RoC: Resample-on-Correct on hand-built groups (including that the paper's sampler follows 1/p), the
-advantage and clipped loss on a hand-computed example, stages; and with the real SmolLM2, the real sandbox
+"""GRPO-RoC's step (Resample-on-Correct itself: test_roc.py): the advantage and clipped loss on a hand-computed
+example, stages; and with the real SmolLM2, the real sandbox
 and the real grader: one update changes the weights and lowers the loss on its batch; `run_rl` runs, stores and
 resumes, and the Ray path matches one process, on the 2-layer SmolLM2 (conftest's tiny_smollm2: the machinery,
 in seconds)."""
@@ -10,57 +10,14 @@ import asyncio
 import dataclasses
 import json
 import math
-import random
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from rstar2_agent.train.learner import OptimConfig
+from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
 from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl, stage_of
-from rstar2_agent.train.roc import Group, RolloutStats, _weighted_sample, penalty, resample_on_correct, split_counts
-
-
-def rs(reward, calls=1, errors=0, blocks=1, ok=True, turns=2):
-    return RolloutStats(reward, calls, errors, blocks, ok, turns)
-
-
-def test_penalty_follows_the_design():
-    assert penalty(rs(1, calls=4, errors=1)) == pytest.approx(0.25)
-    assert penalty(rs(1, calls=0)) == pytest.approx(0.5)  # no tool call
-    assert penalty(rs(1, ok=False)) == pytest.approx(1.0)  # no well-formed answer
-    assert penalty(rs(1, blocks=3, turns=4)) == pytest.approx(0.5)  # extra answer blocks
-
-
-def test_all_equal_groups_are_dropped_and_counts_follow_the_split():
-    same = Group(list("abcdefgh"), [rs(1)] * 8)
-    zero = Group(list("abcdefgh"), [rs(0)] * 8)
-    mixed = Group(list(range(8)), [rs(1)] * 6 + [rs(0)] * 2)
-    kept, stats = resample_on_correct([same, zero, mixed], g=4, seed=0)
-    assert stats.dropped_all_equal == 2 and len(kept) == 1 and len(kept[0]) == 4
-    assert stats.kept_positive == 2 and stats.kept_negative == 2  # at least 2 of each side
-    assert split_counts(6, 2, 4) == (2, 2) and split_counts(1, 7, 4) == (1, 3) and split_counts(4, 4, 4) == (2, 2)
-    assert split_counts(12, 4, 8) == (6, 2) and split_counts(3, 0, 8) == (3, 0)
-
-
-def test_topk_keeps_the_lowest_release_penalties():
-    stats = [RolloutStats(1, release_penalty=p) for p in (0.5, 0.0, 1.0, 0.2)] + [rs(0)] * 4
-    kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk")
-    positives = [i for i in kept[0] if i < 4]
-    assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0 (test_roc.py: the release's penalty)
-
-
-def test_the_paper_sampler_follows_inverse_penalty():
-    weights = [1 / 0.25, 1 / 0.5, 1 / 1.0, 1 / 1.5]
-    rng = random.Random(0)
-    counts = Counter(_weighted_sample([0, 1, 2, 3], weights, 1, rng)[0] for _ in range(40000))
-    total = sum(weights)
-    for i, w in enumerate(weights):
-        assert counts[i] / 40000 == pytest.approx(w / total, abs=0.01)
-    chi2 = sum((counts[i] - 40000 * w / total) ** 2 / (40000 * w / total) for i, w in enumerate(weights))
-    assert chi2 < 16.3  # p > 0.001 with 3 degrees of freedom
 
 
 def test_advantages_and_the_clipped_loss_by_hand():
@@ -98,13 +55,13 @@ async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_
     solves none of these, so a graded batch would carry no signal). The ratio is against the learner's own old
     logprobs, so the loss itself is -mean(A) whatever the weights: what one update must raise is the
     advantage-weighted logprob of the batch under the learner."""
-    from rstar2_agent.train.update import UpdateItem, micro_batches, old_logprobs
+    from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs
 
     run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"), dtype="fp32"))
     try:
         await run.start()
-        stage = run.cfg.stages[0]
-        groups = await run.rollouts(run.prompts(run.pool(stage), 0), 4, stage, 0)
+        stage, rollouts = run.cfg.stages[0], run.rollouts
+        groups = await rollouts.groups(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
         kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]  # 2 "right", 2 "wrong" each
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
                  for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
@@ -193,10 +150,10 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.hf import HFEngine
     from rstar2_agent.store import Store
-    from rstar2_agent.train.distributed import RayConfig
-    from rstar2_agent.train.learner import Learner
+    from rstar2_agent.train.learner.model import TorchLearner
+    from rstar2_agent.train.learner.ray_group import RayConfig
+    from rstar2_agent.train.learner.update import UpdateItem, policy_update
     from rstar2_agent.train.loss import grpo_advantages
-    from rstar2_agent.train.update import UpdateItem, policy_update
 
     optim = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant")
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim,
@@ -205,9 +162,9 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     run = RLRun(cfg)
     try:
         await run.start()
-        stage = run.cfg.stages[0]
-        groups = await run.rollouts(run.prompts(run.pool(stage), 0), 4, stage, 0)
-        assert {replica for _, replica in run.engine.history} == {0, 1}  # trajectories spread over both workers
+        stage, rollouts = run.cfg.stages[0], run.rollouts
+        groups = await rollouts.groups(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
+        assert {replica for _, replica in rollouts.engine.history} == {0, 1}  # trajectories spread over both workers
         assert all(t.logprobs and len(t.logprobs) == len(t.response_ids) for g in groups for t, _ in g)
         kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]
         upd = run.update(kept)
@@ -215,10 +172,10 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         assert await run.sync_weights() > 0
         checkpoint = run.save(1, 0)
 
-        local = Learner(run.resolved.path, optim, 2, dtype="fp32")
+        local = TorchLearner(run.resolved.path, optim, 2, dtype="fp32")
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
                  for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
-        ref = policy_update(local, items, cfg, upd["update_tokens"], run.fmt.tokenizer.pad_token_id or 0)
+        ref = policy_update(local, items, run.update_cfg, upd["update_tokens"])
         ref |= local.optimizer_step()
         assert upd["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
         assert upd["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)
@@ -229,7 +186,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
 
         prompt = run.fmt.render_prompt("What is 6 * 7?")
         greedy = SamplingParams(temperature=0.0, max_tokens=12)
-        from_worker = await run.engine.engines[1].generate(prompt, greedy)
+        from_worker = await rollouts.engine.engines[1].generate(prompt, greedy)
         async with HFEngine(str(checkpoint), context_length=2048) as saved:
             from_checkpoint = await saved.generate(prompt, greedy)
         assert from_worker.token_ids == from_checkpoint.token_ids

@@ -44,8 +44,8 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     from rstar2_agent.engines.weight_sync import nbytes
     from rstar2_agent.models import resolve_model
 
-    from .distributed import LearnerGroup, RayConfig, start_rollout
-    from .learner import OptimConfig
+    from .learner.ray_group import LearnerGroup, RayConfig, start_rollout
+    from .learner.model import OptimConfig
 
     resolved = resolve_model(model)
     cfg = RayConfig(learners=1, cpus_per_learner=cpus, rollout_workers=workers, cpus_per_rollout_worker=cpus,

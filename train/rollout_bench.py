@@ -37,19 +37,19 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
     run = RLRun(cfg)
     try:
         await run.start()
-        stage = cfg.stages[0]
-        prompts = run.prompts(run.pool(stage), 0)
+        stage, rollouts = cfg.stages[0], run.rollouts
+        prompts = rollouts.prompts(rollouts.pool(stage), 0)
         n = cfg.rollouts_per_prompt
-        groups = await run.rollouts(prompts, n, stage, 0)  # warm-up, and the lengths the bare run reproduces
+        groups = await rollouts.groups(prompts, n, stage, 0)  # warm-up, and the lengths the bare run reproduces
         trajs = [t for g in groups for t, _ in g]
 
         async def rl() -> float:
-            again = await run.rollouts(prompts, n, stage, 0)
-            return sum(t.num_generated_tokens for g in again for t, _ in g) / run.times["time_rollout"]
+            again = await rollouts.groups(prompts, n, stage, 0)
+            return sum(t.num_generated_tokens for g in again for t, _ in g) / rollouts.times["time_rollout"]
 
         async def bare() -> float:
             t0 = time.perf_counter()
-            gens = await asyncio.gather(*(run.engine.generate(t.prompt_ids, SamplingParams(
+            gens = await asyncio.gather(*(rollouts.engine.generate(t.prompt_ids, SamplingParams(
                 temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max(1, t.num_generated_tokens), seed=k,
                 ignore_eos=True)) for k, t in enumerate(trajs)))
             return sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0)
@@ -58,7 +58,7 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
         for r in range(rounds):
             for name in (("bare", "rl") if r % 2 == 0 else ("rl", "bare")):
                 out[name].append(await (bare() if name == "bare" else rl()))
-        metrics = await run.step(0, stage, run.pool(stage), None, None)
+        metrics = await run.step(0, stage, rollouts.pool(stage), None, None)
         split = {k: metrics[k] for k in ("time_rollout", "time_grading", "time_update", "time_weight_sync")}
         return RolloutBench(len(trajs), out["bare"], out["rl"], split)
     finally:

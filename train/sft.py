@@ -22,13 +22,11 @@ import torch
 
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
-from rstar2_agent.store import Store
 
-from .chat_data import DataStats, Row, collate, pack
-from .learner import Learner, OptimConfig, link_last
-from .recipe import dump
-from .sft_mix import load_mix, render_parts, report
-from .trackers import Trackers
+from .data.chat_data import DataStats, Row, collate, pack
+from .data.sft_mix import load_mix, render_parts, report
+from .learner.model import OptimConfig, TorchLearner
+from .run_frame import RunFrame, resume_from, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +56,6 @@ class SFTConfig:
     wandb_project: str | None = None  # when installed
 
 
-def checkpoints(out: str | Path) -> list[Path]:
-    return sorted(Path(out).glob("checkpoint-*[0-9]"), key=lambda p: int(p.name.split("-")[1]))
-
-
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(seed * 1000003 + epoch).shuffle(order)
@@ -80,9 +74,7 @@ class SFTRun:
     def __init__(self, cfg: SFTConfig, resume: bool = False):
         self.cfg = cfg
         resolved = resolve_model(cfg.model)
-        last = checkpoints(cfg.out)[-1] if resume and checkpoints(cfg.out) else None
-        if resume and last is None:
-            log.warning("nothing to resume in %s: starting from %s", cfg.out, cfg.model)
+        last = resume_from(cfg.out, resume)
         self.parts = load_mix(cfg.data, cfg.seed, cfg.on_bad_line, cfg.hub_dir)
         from transformers import AutoTokenizer
 
@@ -101,19 +93,19 @@ class SFTRun:
         self.base_spec = resolved.spec
         self.last = last
 
-    def prepare(self) -> Learner:
+    def prepare(self) -> TorchLearner:
         cfg = self.cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.per_step = cfg.micro_batch * cfg.grad_accum * self.world
         steps_per_epoch = max(1, len(self.rows) // self.per_step)
         self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-        learner = Learner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
+        learner = TorchLearner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
                           gradient_checkpointing=cfg.gradient_checkpointing)
         if self.last is not None:
             learner.load_state(self.last)
         return learner
 
-    def train_step(self, learner: Learner) -> dict[str, float]:
+    def train_step(self, learner: TorchLearner) -> dict[str, float]:
         cfg = self.cfg
         rows = step_rows(self.rows, learner.step, self.per_step, cfg.seed)
         mine = rows[learner.rank::self.world]
@@ -133,12 +125,8 @@ class SFTRun:
         tokens = sum(r.length for r in rows)
         return {"loss": loss, "tokens_per_s": tokens / (time.perf_counter() - t0), "target_tokens": denominator, **out}
 
-    def save(self, learner: Learner) -> Path:
-        meta = {"format": self.cfg.format, "context_length": self.base_spec.context_length,
-                "trained_from": self.cfg.model, "stage": "sft", "step": learner.step}
-        path = learner.save(Path(self.cfg.out) / f"checkpoint-{learner.step}", {}, meta)
-        link_last(path)
-        return path
+    def save(self, learner: TorchLearner) -> Path:
+        return save_checkpoint(learner, self.cfg, "sft", learner.step, self.base_spec.context_length)
 
 
 def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, dict[str, float]], None] | None = None
@@ -146,39 +134,17 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
     """Train; returns the final checkpoint folder and each step's metrics."""
     run = SFTRun(cfg, resume)
     learner = run.prepare()
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.out) / "recipe.yaml").write_text(dump(cfg))
-    store = Store(cfg.db) if learner.rank == 0 else None
-    run_row = store.open_run(cfg.run or Path(cfg.out).resolve().name, "sft", cfg.model, {},
-                             {"recipe": dataclasses.asdict(cfg), "data": dataclasses.asdict(run.stats),
-                              "sources": report(run.parts)["sources"],
-                              "rows": len(run.rows), "total_steps": run.total}, kind="sft") if store else None
-    if store:  # what a killed attempt recorded past the checkpoint: those steps are trained again now
-        store.forget_steps(run_row.id, learner.step + 1)
-    trackers = Trackers(cfg.out, cfg.run or Path(cfg.out).name, dataclasses.asdict(cfg), tensorboard=cfg.tensorboard,
-                        wandb_project=cfg.wandb_project, first_step=learner.step + 1) if learner.rank == 0 else None
+    info = {"data": dataclasses.asdict(run.stats), "sources": report(run.parts)["sources"], "rows": len(run.rows),
+            "total_steps": run.total}
     history = []
-    try:
+    with RunFrame(cfg, "sft", learner.step, info, primary=learner.rank == 0) as frame:
         while learner.step < run.total:
             metrics = run.train_step(learner)
             history.append(metrics)
-            if store:
-                store.add_metrics(run_row.id, learner.step, metrics)
-            if trackers:
-                trackers.log(learner.step, metrics)
+            frame.record(learner.step, metrics)
             if on_step:
                 on_step(learner.step, run.total, metrics)
-            if cfg.save_every and learner.step % cfg.save_every == 0 and learner.step < run.total:
+            if frame.periodic_save(learner.step) and learner.step < run.total:
                 run.save(learner)
         final = run.save(learner)
-        if store:
-            store.set_status(run_row.id, "finished")
-    except BaseException:
-        if store:
-            store.set_status(run_row.id, "interrupted")
-        raise
-    finally:
-        if trackers:
-            trackers.close()
     return final, history
-

@@ -35,10 +35,10 @@ from typing import Any
 from rstar2_agent.stats import Z95, RatioInterval, paired_ratio_bootstrap, student_t_cdf
 from rstar2_agent.store import Store
 
+from ..report import metrics_by_step
+from ..rl import RLConfig, run_rl
+from ..run_frame import checkpoints
 from .probe import ProbeJob, ProbeSettings, cells, probe_problems, probe_settings, run_probes, stored, value
-from .report import metrics_by_step
-from .rl import RLConfig, run_rl
-from .sft import checkpoints
 
 CURVES = (("tool_error_ratio_positive", "tool error ratio among positive rollouts"),
           ("accuracy", "rollout accuracy"), ("response_tokens", "generated tokens per rollout"),

@@ -32,7 +32,10 @@ import socket
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .update import UpdateConfig
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # a rank's orderly shutdown; past it the rank is killed
@@ -103,18 +106,18 @@ class LearnerActor:
               dtype: str) -> str:
         import torch
 
-        from .learner import Learner, OptimConfig
+        from .model import OptimConfig, TorchLearner
 
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.learner = Learner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
+        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
         return str(self.learner.device)
 
-    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int, batches: int) -> dict[str, float]:
+    def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
         from .update import policy_update
 
-        metrics = policy_update(self.learner, items, cfg, total_tokens, pad_id, batches=batches, scale=self.world)
+        metrics = policy_update(self.learner, items, cfg, total_tokens, batches=batches, scale=self.world)
         return {**metrics, **self.learner.optimizer_step()}
 
     def weights(self, dtype: str | None) -> list[Any]:
@@ -203,7 +206,7 @@ class LearnerActor:
 
 
 class LearnerGroup:
-    """The Learner's interface (step, update, save, load_state, reset_optimizer) over `learners` FSDP ranks."""
+    """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
         import ray
@@ -231,19 +234,16 @@ class LearnerGroup:
 
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
-    def update(self, items: list[Any], cfg: Any, total_tokens: int, pad_id: int,
+    def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
         """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add. `stop`
         set: `UpdateStopped` at once (the ranks go on until close() kills them)."""
         import ray
 
-        from .update import check_stop
+        from .update import check_stop, shards
 
-        world = len(self.actors)
-        shards = [items[r::world] for r in range(world)]
-        batches = max(-(-len(s) // cfg.micro_batch) for s in shards)
-        refs = [a.update.remote(s, cfg, total_tokens, pad_id, batches)
-                for a, s in zip(self.actors, shards, strict=True)]
+        parts, batches = shards(items, len(self.actors), cfg.micro_batch)
+        refs = [a.update.remote(s, cfg, total_tokens, batches) for a, s in zip(self.actors, parts, strict=True)]
         while stop is not None and ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
             check_stop(stop)  # the ranks' update is abandoned: close() kills them without waiting for it
         parts = ray.get(refs)

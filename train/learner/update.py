@@ -1,5 +1,6 @@
 """One policy update's forward and backward (GRPO-RoC's token-level PPO-clip loss), shared by the in-process
-learner (rl.py) and each FSDP rank of the Ray learner group (distributed.py).
+learner (local.py) and each FSDP rank of the Ray learner group (ray_group.py). What it reads of the recipe is
+`UpdateConfig`, built once per run (rl.py `update_config`) and sent to the ranks instead of the recipe.
 
 Before the first gradient, a no-grad forward pass of the pre-update policy gives the old logprobs of the kept
 rollouts (verl's `compute_log_prob`, which the release runs after down-sampling), and the PPO ratio is taken
@@ -16,12 +17,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from .learner import Learner
-from .loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
+from ..loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
+from .model import TorchLearner
 
 ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
 
@@ -35,6 +35,27 @@ def check_stop(stop: threading.Event | None) -> None:
     waits for one micro-batch, not the whole update (minutes at 14B, and minutes on 2 CPU cores here)."""
     if stop is not None and stop.is_set():
         raise UpdateStopped("the policy update was stopped before its optimizer step; nothing of it is kept")
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """What one policy update reads: the micro-batch size, the sampling temperature the logprobs are taken at, the
+    PPO clip bounds, the rollout correction (`none` or `tis`, already resolved from the recipe's `auto`) and its
+    cap, and the tokenizer's pad id."""
+    micro_batch: int = 8
+    temperature: float = 1.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    rollout_correction: str = "none"
+    tis_cap: float = 2.0
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rollout_correction not in ("none", "tis"):
+            raise ValueError(f"an update's rollout_correction is none or tis (auto is resolved by the recipe), not "
+                             f"{self.rollout_correction!r}")
+        if self.micro_batch < 1:
+            raise ValueError(f"micro_batch must be at least 1, not {self.micro_batch!r}")
 
 
 @dataclass
@@ -56,16 +77,15 @@ def check_rollout_correction(mode: str, cap: float) -> None:
         raise ValueError(f"tis_cap must be a positive number (verl's default is 2.0), not {cap!r}")
 
 
-def policy_update(learner: Learner, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int, *,
+def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int, *,
                   batches: int = 0, scale: float = 1.0, stop: threading.Event | None = None) -> dict[str, float]:
     """The old-logprob pass, then forward and backward of the token-level PPO-clip loss over `items` in
-    micro-batches (no optimizer step); `cfg` is the run's RLConfig (micro_batch, temperature, eps_low, eps_high,
-    rollout_correction, tis_cap).
+    micro-batches (no optimizer step).
     The loss is divided by the whole step's response tokens, so micro-batches and ranks add up; `batches`
     pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
     gradient averaging over ranks. Metrics are this share's token-weighted parts. With `stop` set it raises
     `UpdateStopped` before the next micro-batch (see `check_stop`)."""
-    parts = micro_batches(items, cfg.micro_batch, pad_id, batches)
+    parts = micro_batches(items, cfg.micro_batch, cfg.pad_id, batches)
     old = old_logprobs(learner, parts, cfg.temperature, stop)
     learner.model.train()
     denominator = max(1, total_tokens)
@@ -94,15 +114,27 @@ def policy_update(learner: Learner, items: list[UpdateItem], cfg: Any, total_tok
     return metrics
 
 
+def chunks(items: list[UpdateItem], size: int) -> list[list[UpdateItem]]:
+    """`items` in micro-batches of at most `size`, in order: the one place an update is cut into micro-batches."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def shards(items: list[UpdateItem], world: int, size: int) -> tuple[list[list[UpdateItem]], int]:
+    """Rank r's items (r, r + world, ...) and the micro-batches every rank must run (the most any rank has), so
+    the ranks' FSDP collectives line up."""
+    parts = [items[r::world] for r in range(world)]
+    return parts, max(len(chunks(p, size)) for p in parts)
+
+
 def micro_batches(items: list[UpdateItem], size: int, pad_id: int, batches: int = 0) -> list[dict[str, torch.Tensor]]:
     """`items` in micro-batches of `size` (see `_batch`), padded to `batches` with empty ones."""
-    chunks: list[list[UpdateItem]] = [items[i:i + size] for i in range(0, len(items), size)]
-    chunks += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(chunks))
-    return [_batch(part, pad_id) for part in chunks]
+    parts = chunks(items, size)
+    parts += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(parts))
+    return [_batch(part, pad_id) for part in parts]
 
 
 @torch.no_grad()
-def old_logprobs(learner: Learner, parts: list[dict[str, torch.Tensor]], temperature: float,
+def old_logprobs(learner: TorchLearner, parts: list[dict[str, torch.Tensor]], temperature: float,
                  stop: threading.Event | None = None) -> list[torch.Tensor]:
     """The current (pre-update) policy's logprob of every token under softmax(logits / T), one [batch, width - 1]
     tensor per micro-batch (position t holds token t + 1, as in the update), without gradients or dropout."""

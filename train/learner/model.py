@@ -70,7 +70,7 @@ def distributed() -> tuple[int, int]:
     return rank, world
 
 
-class Learner:
+class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
                  gradient_checkpointing: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -190,13 +190,6 @@ class Learner:
         self.step = state["step"]
         set_rng_state(state["rng"])
         return state
-
-
-def link_last(checkpoint: Path) -> None:
-    """`out/last` points at the newest checkpoint, so recipes can name the previous stage's result."""
-    link = checkpoint.parent / "last"
-    link.unlink(missing_ok=True)
-    link.symlink_to(checkpoint.name)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,24 +1,21 @@
-"""The learner in this process, with the interface the RL step uses for both learners (this one and the Ray
-`LearnerGroup` of distributed.py): `step`, `tokenizer`, `update` (one optimizer step on the kept rollouts),
-`push` (the new weights to the rollout engine), `save`, `load_state`, `reset_optimizer`, `close`."""
+"""The learner in this process: the torch learner behind the `Learner` protocol (protocol.py)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from rstar2_agent.engines.base import Engine
 
-from .learner import Learner
-from .update import UpdateItem, policy_update
+from .model import TorchLearner
+from .update import UpdateConfig, UpdateItem, policy_update
 
 
-class LocalLearner(Learner):
-    def update(self, items: list[UpdateItem], cfg: Any, total_tokens: int, pad_id: int,
+class LocalLearner(TorchLearner):
+    def update(self, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
         """The PPO pass over `items` and one optimizer step; the step's metrics. `stop` set: `UpdateStopped` before
         the next micro-batch, and no optimizer step."""
-        metrics = policy_update(self, items, cfg, total_tokens, pad_id, stop=stop)
+        metrics = policy_update(self, items, cfg, total_tokens, stop=stop)
         return {**metrics, **self.optimizer_step(), "update_tokens": total_tokens}
 
     def shares_weights(self, engine: Engine) -> bool:

@@ -1,6 +1,7 @@
 """The ablation's held-out probe: one fixed set of tool tasks, disjoint from the training problems, on which every
 policy of the ablation (the SFT start, each arm's midpoint and final checkpoints, every seed) is sampled the same
-way, through RLRun's own rollout and reward code (the shared agent loop, the sandbox, the math grader).
+way, through the training run's own `Rollouts` (the shared agent loop, the sandbox, the math grader), with no
+learner: a policy checkpoint in its own engine.
 
 Disjoint: the probe's problems come from the training generator with another data seed, and any question that
 is also a training question (of the RL stages, and of the SFT recipe stored beside the start model when it used
@@ -13,7 +14,6 @@ match (a resumed ablation does not run it again).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -26,12 +26,12 @@ from typing import Any
 import yaml
 
 from rstar2_agent import synthetic, tool_tasks
-from rstar2_agent.chat_format import ChatFormat, default_extraction
-from rstar2_agent.grading.math import MathGrader
+from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
-from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 
-from .rl import RLConfig, RLRun, Stage, rollout_stats
+from ..learner.backend import local_engine, local_sandbox
+from ..rl import RLConfig, Stage
+from ..rollouts import Rollouts, rollout_stats
 
 log = logging.getLogger(__name__)
 
@@ -120,34 +120,29 @@ def probe_problems(cfg: RLConfig, settings: ProbeSettings) -> tuple[list[tuple[s
 
 
 # ---------------------------------------------------------------------------------------------- the rollouts
-class ProbeRun(RLRun):
-    """RLRun's rollouts and rewards with no learner: a policy checkpoint in its own engine (vLLM in this process,
-    or the hf engine), the sandbox and the grader, as the training run has them. `load` swaps the policy."""
+class ProbeRun:
+    """The training run's `Rollouts` with no learner: a policy checkpoint in its own engine (vLLM in this process, or
+    the hf engine on its own weights, as the recipe's `rollout_engine` says), the sandbox and the grader, as the
+    training run has them. `load` swaps the policy."""
 
-    def __init__(self, cfg: RLConfig, model: str):  # RLRun's fields that rollouts and rewards read; no learner
+    def __init__(self, cfg: RLConfig, model: str):
         from transformers import AutoTokenizer
 
-        self.cfg, self.learner, self.engine, self.sandbox = cfg, None, None, None  # type: ignore[assignment]
+        self.cfg = cfg
         self.resolved = resolve_model(model)
         self.fmt = ChatFormat(AutoTokenizer.from_pretrained(self.resolved.path), cfg.format,
                               self.resolved.spec.chat_template)
-        self.grader = MathGrader(extraction=cfg.answer_extraction or default_extraction(cfg.format))
+        self.rollouts = Rollouts(cfg, self.fmt)
         self.model = self.resolved.path
 
     async def start(self) -> None:
-        spec, cfg = self.resolved.spec, self.cfg
-        if cfg.rollout_engine == "vllm":
-            from rstar2_agent.engines.vllm import VLLMEngine
+        engine = await local_engine(self.cfg, self.resolved)
+        sandbox = local_sandbox(self.cfg)
+        self.rollouts.attach(engine, sandbox)
+        await sandbox.start()
 
-            options = {"kv_cache_gib": 1.0, "max_num_seqs": 64, "seed": cfg.seed, **cfg.engine_options}
-            self.engine = await asyncio.to_thread(VLLMEngine, self.model, context_length=spec.context_length,
-                                                  **options)
-        else:
-            from rstar2_agent.engines.hf import HFEngine
-
-            self.engine = HFEngine(self.model, context_length=spec.context_length)
-        self.attach(self.engine, LocalSandbox(SandboxConfig(workers=2)))
-        await self.sandbox.start()
+    async def close(self) -> None:
+        await self.rollouts.close()
 
     async def load(self, model: str) -> None:
         """Another checkpoint of the same model: its weights pushed into the running engine."""
@@ -159,15 +154,14 @@ class ProbeRun(RLRun):
         if not files:
             raise ProbeError(f"{model} has no .safetensors weights to probe")
         state = {k: v for f in files for k, v in load_file(str(f)).items()}
-        await self.engine.load_weights(state)
+        await self.rollouts.engine.load_weights(state)
         self.model = model
 
     async def probe(self, problems: list[tuple[str, str, str]], samples: int, stage: Stage, sampling_seed: int
                     ) -> dict[str, Any]:
         """`samples` rollouts of every problem; per rollout what the probe metrics read."""
-        self.cfg = dataclasses.replace(self.cfg, seed=sampling_seed)  # the rollout keys: f"{seed}:{step}:{id}:{k}"
-        t0 = time.perf_counter()
-        groups = await self.rollouts(problems, samples, stage, PROBE_STEP)
+        t0 = time.perf_counter()  # the rollout keys: f"{sampling_seed}:{PROBE_STEP}:{id}:{k}"
+        groups = await self.rollouts.groups(problems, samples, stage, PROBE_STEP, seed=sampling_seed)
         seconds = time.perf_counter() - t0
         out = []
         for (pid, _, _), group in zip(problems, groups, strict=True):

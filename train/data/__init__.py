@@ -1,0 +1,2 @@
+"""Training data: SFT chat records (converters, rendering, the mix, rewrites) and RL problems (curation,
+verification)."""

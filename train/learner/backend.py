@@ -1,0 +1,96 @@
+"""Where the learner and the rollout engines run, decided once from the recipe (`backend`): each backend builds
+the learner (the `Learner` protocol) and the rollout side (the engine the agent loop calls, and the sandbox),
+through the core's factories (`make_engine`, `make_sandbox`) as eval and serve build theirs.
+
+- local (`distributed: none`): the learner in this process; the rollout engine is the hf engine on the learner's
+  own model (`rollout_engine: hf`: an update is live at once, no push) or vLLM in this process (`vllm`: its own
+  weights, pushed after each update).
+- ray (`distributed: ray`): a group of FSDP learner ranks, rollout workers behind a replica pool, sandbox actors
+  (ray_group.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rstar2_agent.engines import Engine, make_engine
+from rstar2_agent.models import ResolvedModel
+from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
+
+from .protocol import Learner
+
+if TYPE_CHECKING:
+    from ..rl import RLConfig
+
+DISTRIBUTED = ("none", "ray")
+ROLLOUT_ENGINES = ("hf", "vllm")
+VLLM_DEFAULTS: dict[str, Any] = {"kv_cache_gib": 1.0, "max_num_seqs": 64}  # one process on a CPU: a small KV cache
+
+
+class Backend(Protocol):
+    def learner(self, model_path: str, total_steps: int) -> Learner:
+        """The learner, holding the weights at `model_path`, for a run of `total_steps` optimizer steps."""
+
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
+        """The rollout engine and the sandbox (not yet started); `learner` may share its weights with the engine."""
+
+
+def check(cfg: RLConfig) -> None:
+    if cfg.distributed not in DISTRIBUTED:
+        raise ValueError(f"distributed must be {' or '.join(DISTRIBUTED)}, not {cfg.distributed!r}")
+    if cfg.rollout_engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout_engine must be {' or '.join(ROLLOUT_ENGINES)}, not {cfg.rollout_engine!r}")
+
+
+def backend(cfg: RLConfig) -> Backend:
+    """The one place that decides where the learner and the engines run."""
+    check(cfg)
+    return RayBackend(cfg) if cfg.distributed == "ray" else LocalBackend(cfg)
+
+
+def local_sandbox(cfg: RLConfig) -> Sandbox:
+    return make_sandbox(config=SandboxConfig(workers=cfg.sandbox_workers))
+
+
+async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = None) -> Engine:
+    """The rollout engine in this process: vLLM (`VLLM_DEFAULTS`, the run's seed, then `engine_options`; started in
+    a thread, off the event loop), or the hf engine, on `shared`'s model and tokenizer when given (the learner's: no
+    push) or on its own weights."""
+    context = resolved.spec.context_length
+    if cfg.rollout_engine == "vllm":
+        return await asyncio.to_thread(make_engine, "vllm", resolved.path, context_length=context,
+                                       **{**VLLM_DEFAULTS, "seed": cfg.seed, **cfg.engine_options})
+    weights = {"model": shared.model, "tokenizer": shared.tokenizer} if shared is not None else {}
+    return make_engine("hf", resolved.path, context_length=context, **weights)
+
+
+@dataclass
+class LocalBackend:
+    cfg: RLConfig
+
+    def learner(self, model_path: str, total_steps: int) -> Learner:
+        from .local import LocalLearner
+
+        return LocalLearner(model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype)
+
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
+        shared = learner if self.cfg.rollout_engine == "hf" else None  # the hf engine runs on the learner's model
+        return await local_engine(self.cfg, resolved, shared), local_sandbox(self.cfg)
+
+
+@dataclass
+class RayBackend:
+    cfg: RLConfig
+
+    def learner(self, model_path: str, total_steps: int) -> Learner:
+        from .ray_group import LearnerGroup
+
+        return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype)
+
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
+        from .ray_group import start_rollout
+
+        return await start_rollout(self.cfg.ray, resolved.path, resolved.spec.context_length,
+                                   max(s.max_response_tokens for s in self.cfg.stages))

@@ -1,0 +1,37 @@
+"""The `Learner` protocol: what the RL step asks of a learner, whichever backend holds it (this process, a Ray group
+of FSDP ranks, or learner and engines sharing GPUs). backend.py picks and builds one from the recipe."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from rstar2_agent.engines.base import Engine
+
+from .update import UpdateConfig, UpdateItem
+
+
+class Learner(Protocol):
+    step: int  # optimizer steps taken: the policy version the rollouts are tagged with
+    tokenizer: Any
+
+    def update(self, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int,
+               stop: threading.Event | None = None) -> dict[str, float]:
+        """One policy update on the kept rollouts (the old-logprob pass, the loss, one optimizer step); its metrics.
+        `stop` set: raise `UpdateStopped` before the next micro-batch and take no optimizer step."""
+
+    async def push(self, engine: Engine) -> None:
+        """The current weights into the rollout engine (nothing when the engine shares them)."""
+
+    def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """An HF folder plus the state a resume needs, written atomically; returns the folder."""
+
+    def load_state(self, folder: str | Path) -> dict[str, Any]:
+        """Optimizer, schedule, step and RNG from a checkpoint this learner was built from; the saved `extra`."""
+
+    def reset_optimizer(self) -> None:
+        """A fresh optimizer state (RL's stage 3)."""
+
+    def close(self) -> None:
+        """Stop what the learner started (ranks, a Ray connection); idempotent."""
