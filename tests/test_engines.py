@@ -33,6 +33,24 @@ async def test_vllm_generates_ids_and_logprobs_and_streams(vllm_engine):
     assert stop.stop_text == "5" and text.endswith("5")  # the stop string is kept, ids and text agree
 
 
+async def test_vllm_prompts_go_in_rendered_with_their_exact_ids(vllm_engine, monkeypatch):
+    """A raw prompt makes vLLM warn "Passing raw prompts to InputProcessor is deprecated" (and it will stop taking
+    them): the engine hands it the renderer's output, an engine input of type "token" holding the very ids. (A raw
+    prompt would go through `process_inputs_async`, which holds the unpatched method: `seen` would stay empty.)"""
+    processor = vllm_engine.engine.input_processor
+    real, seen = processor.process_inputs, []
+
+    def spy(request_id, engine_input, *args, **kwargs):
+        seen.append(engine_input)
+        return real(request_id, engine_input, *args, **kwargs)
+
+    monkeypatch.setattr(processor, "process_inputs", spy)
+    ids = prompt(vllm_engine.tokenizer)
+    gen = await vllm_engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=4))
+    assert gen.token_ids and len(seen) == 1
+    assert seen[0]["type"] == "token" and seen[0]["prompt_token_ids"] == ids
+
+
 async def test_vllm_agent_loop_and_weight_reload(vllm_engine, sandbox):
     fmt = ChatFormat(vllm_engine.tokenizer, "markdown")
     cfg = AgentConfig(max_turns=2, max_response_tokens=120, sampling=SamplingParams(temperature=0.0, max_tokens=60))

@@ -252,14 +252,12 @@ def _print_probe(console, rows: dict) -> None:
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Draw the curves into this PNG.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print only a JSON list, one object a step: {"step": N, "metric": value, ...}.')
-def report_cmd(run_name, db, png, as_json) -> None:
+@click.option("--all", "every", is_flag=True, help="Every metric a column (default: the few a step is read by).")
+def report_cmd(run_name, db, png, as_json, every) -> None:
     """A training run's metrics per step (SFT or RL), and its curves."""
-    from rich.console import Console
-    from rich.table import Table
-
     from rstar2_agent.store import Store, StoreError
 
-    from .report import curves, metrics_by_step
+    from .report import curves, metrics_by_step, print_table
 
     try:
         runs = [r for r in Store(db).runs(run_name) if r.kind in ("sft", "rl")]
@@ -273,14 +271,7 @@ def report_cmd(run_name, db, png, as_json) -> None:
     if as_json:
         click.echo(json.dumps([{"step": step, **m} for step, m in steps.items()], indent=1))
         return
-    names = sorted({k for m in steps.values() for k in m})
-    table = Table(title=f"{run_name} ({runs[-1].kind}, {runs[-1].status})")
-    table.add_column("step")
-    for n in names:
-        table.add_column(n.replace("_", " "), justify="right")
-    for step, m in steps.items():
-        table.add_row(str(step), *[f"{m[n]:.4g}" if n in m else "" for n in names])
-    Console(width=max(120, 12 * len(names))).print(table)
+    print_table(steps, f"{run_name} ({runs[-1].kind}, {runs[-1].status})", runs[-1].kind, every)
     if png:
         click.echo(f"wrote {png}")
 

@@ -111,8 +111,10 @@ class VLLMEngine(Engine):
         logprobs: list[float] = []
         finish, stop_reason = None, None
         try:
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                                  request_id=uuid.uuid4().hex):
+            # the ids rendered into an engine input by the engine's own renderer (what vLLM did itself for a raw
+            # prompt, which it deprecates): the exact ids go in, checked against the context as before
+            (prompt,) = await self.engine.renderer.render_cmpl_async([TokensPrompt(prompt_token_ids=list(prompt_ids))])
+            async for out in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
                 c = out.outputs[0]
                 new = list(c.token_ids)
                 new_lps = [step[t].logprob for t, step in zip(new, c.logprobs or [], strict=False)]
