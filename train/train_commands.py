@@ -9,7 +9,7 @@ import logging
 
 import click
 
-from .problems import BENCHMARKS
+from .data.problems import BENCHMARKS
 from .recipe import RecipeError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
     from rstar2_agent.models import ModelError
 
-    from .chat_data import DataError
+    from .data.chat_data import DataError
     from .sft import SFTConfig, run_sft
 
     cfg = _recipe(SFTConfig, recipe, overrides)
@@ -163,15 +163,14 @@ def ablation_cmd(recipe, seeds, steps, out, with_2g, final_steps, probe_prompts,
     seeds on the training rollouts, and a held-out probe with a paired bootstrap; it resumes where it stopped."""
     import asyncio
     import dataclasses
-    from pathlib import Path
 
     from rich.console import Console
     from rich.table import Table
 
     from rstar2_agent.models import ModelError
 
-    from .ablation import CURVES, ablation_settings, plot, power, probe_summary, run_ablation, summary, table
-    from .probe import ProbeSettings, value
+    from .ablation.experiment import CURVES, run_ablation, write_outputs
+    from .ablation.probe import ProbeSettings, value
     from .rl import RLConfig
 
     cfg = _recipe(RLConfig, recipe, overrides)
@@ -198,36 +197,23 @@ def ablation_cmd(recipe, seeds, steps, out, with_2g, final_steps, probe_prompts,
         ab = asyncio.run(run_ablation(cfg, seed_list, out, with_2g, on_run, probe, on_probe, report_only))
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    histories = {arm: {s: h for s, h in runs.items() if h} for arm, runs in ab.histories.items()}
-    Path(out).mkdir(parents=True, exist_ok=True)
-    doc: dict = {"settings": ablation_settings(cfg, recipe, seed_list, ab, probe)}
-    if all(histories.get(a) for a in ("roc", "grpo")) and set(histories["roc"]) & set(histories["grpo"]):
-        rows = table(histories, final_steps)
+    outcome = write_outputs(cfg, recipe, seed_list, ab, probe, out, final_steps, summary_path, png)
+    if outcome.rows is not None:
         grid = Table(title=f"training rollouts: final values (mean of the last {final_steps} steps, seeds {seeds})")
-        for col in ("metric", *histories, "roc / grpo", "roc - grpo", "t", "p (t)", "p (sign flips)"):
+        for col in ("metric", *outcome.arms, "roc / grpo", "roc - grpo", "t", "p (t)", "p (sign flips)"):
             grid.add_column(col, justify="right")
         labels = dict(CURVES)
-        for r in rows:
-            grid.add_row(labels[r.metric], *[f"{r.means[a]:.3f}" for a in histories],
+        for r in outcome.rows:
+            grid.add_row(labels[r.metric], *[f"{r.means[a]:.3f}" for a in outcome.arms],
                          f"{r.ratio:.2f}" if r.ratio is not None else "-", f"{r.diff:+.3f}",
                          f"{r.t:.2f}" if r.t is not None else "-", f"{r.p_t:.3f}" if r.p_t is not None else "-",
                          f"{r.p_perm:.3f}")
         console.print(grid)
-        (Path(out) / "summary.json").write_text(json.dumps(summary(rows), indent=1))
-        doc["training"] = summary(rows)
-    if probe:
-        doc["probe"] = probe_summary(ab, seed_list)
-        _print_probe(console, doc["probe"])
-        ci = doc["probe"]["tool_error_ratio_among_positives"]["ci95"]
-        if ci and ci[0] <= 1 <= ci[1]:
-            doc["power"] = power(ab, seed_list, probe.samples)
-            console.print(f"the tool-error ratio's interval straddles 1: power estimate {json.dumps(doc['power'])}")
-    summary_file = Path(summary_path or Path(out) / "ablation-summary.json")
-    summary_file.parent.mkdir(parents=True, exist_ok=True)
-    summary_file.write_text(json.dumps(doc, indent=1) + "\n")
-    png = png or str(Path(out) / "curves.png")
-    plot(histories, png, f"GRPO-RoC vs GRPO ({recipe}, seeds {seeds})", ab if probe else None, seed_list)
-    console.print(f"wrote {png} and {summary_file}")
+    if "probe" in outcome.doc:
+        _print_probe(console, outcome.doc["probe"])
+    if "power" in outcome.doc:
+        console.print(f"the tool-error ratio's interval straddles 1: power estimate {json.dumps(outcome.doc['power'])}")
+    console.print(f"wrote {outcome.png} and {outcome.summary_file}")
 
 
 def _print_probe(console, rows: dict) -> None:
@@ -301,43 +287,22 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
     FORMAT:path (sharegpt, glaive_v2, toolace, magicoder, nemotron, openai), hub:ORG/NAME[:split] (ToolACE,
     APIGen-MT, Glaive v2, Magicoder, Tulu 3, Llama-Nemotron), any of them with @N to sample N rows, or mix:paper
     (the paper's SFT mix at its sizes)."""
-    import asyncio
-    import dataclasses
+    from rstar2_agent.models import ModelError
 
-    from rstar2_agent.chat_format import ChatFormat
-    from rstar2_agent.models import ModelError, resolve_model
-
-    from .chat_data import DataError
-    from .converters import HUB
-    from .rewrite import RewriteConfig, RewriteError, rewrite
-    from .sft_mix import load_mix, render_parts, report
+    from .data.chat_data import DataError
+    from .data.rewrite import RewriteConfig, RewriteError
+    from .data.sft_mix import write_mix
 
     if rewrite_url and not rewrite_model:
         raise click.UsageError("--rewrite-url needs --rewrite-model, the model to ask")
+    rewrite_cfg = RewriteConfig(rewrite_url, rewrite_model, rewrite_what, rewrite_cache or f"{out}.rewrite-cache.jsonl",
+                                rewrite_concurrency, rewrite_timeout) if rewrite_url else None
     try:
-        parts = load_mix(sources, seed, "skip", hub_dir)
-        rewritten = {}
-        if rewrite_url:
-            cfg = RewriteConfig(rewrite_url, rewrite_model, rewrite_what, rewrite_cache or f"{out}.rewrite-cache.jsonl",
-                                rewrite_concurrency, rewrite_timeout)
-            for part in parts:
-                if part.hub_id in HUB and HUB[part.hub_id].rewrite:
-                    part.records, done = asyncio.run(rewrite(part.records, cfg))
-                    rewritten[part.source] = dataclasses.asdict(done)
-        from transformers import AutoTokenizer
-
-        resolved = resolve_model(model)
-        fmt = ChatFormat(AutoTokenizer.from_pretrained(resolved.path), format_, resolved.spec.chat_template)
-        render_parts(fmt, parts, max_len=1 << 30)
+        result = write_mix(sources, out, seed=seed, hub_dir=hub_dir, model=model, format_=format_,
+                           rewrite_cfg=rewrite_cfg)
     except (DataError, ModelError, RewriteError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    with open(out, "w", encoding="utf-8") as f:
-        for part in parts:
-            for r in part.records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    result = {**report(parts), "out": out, "model": model, "format": format_, "seed": seed}
-    if rewritten:
-        result["rewrite"] = rewritten
+    rewritten = result.get("rewrite", {})
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -369,7 +334,7 @@ def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
     `rstar2 train problems-verify` on the OpenMathReasoning part, as the paper did."""
     from rstar2_agent.benchmark_data import DataError
 
-    from .problems import build
+    from .data.problems import build
 
     try:
         counts = build(sources, out, data_dir, [b.strip() for b in benchmarks.split(",") if b.strip()])
@@ -407,7 +372,7 @@ def problems_verify_cmd(problems, out, url, served_model, api_key, samples, min_
 
     from rstar2_agent.benchmark_data import DataError
 
-    from .problems_verify import VerifyConfig, verify
+    from .data.problems_verify import VerifyConfig, verify
 
     cfg = VerifyConfig(url, served_model, samples, min_agree, concurrency, temperature, top_p, max_tokens, timeout,
                        api_key)

@@ -438,3 +438,41 @@ def _machine() -> str:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return f"{os.cpu_count()} CPU cores" + (f", {len(gpus)} GPU(s): {', '.join(sorted(set(gpus)))}" if gpus else
                                            ", no GPU")
+
+
+@dataclass
+class Outcome:
+    """What `write_outputs` made of an ablation: the summary document, the training table's rows (None until both
+    arms have runs on a common seed), and where the summary and the curves went."""
+    doc: dict[str, Any]
+    rows: list[Row] | None
+    arms: list[str]  # the training table's columns
+    summary_file: Path
+    png: Path
+
+
+def write_outputs(cfg: RLConfig, recipe: str, seeds: list[int], ab: Ablation, probe: ProbeSettings | None,
+                  out: str, final_steps: int, summary_path: str | None = None, png: str | None = None) -> Outcome:
+    """The ablation's summary (its settings; the training table and its tests once both arms have runs on a common
+    seed, also as OUT/summary.json; the probe's summary; a power estimate when the probe's tool-error interval
+    straddles 1) to `summary_path` (default OUT/ablation-summary.json), and the curves to `png` (OUT/curves.png)."""
+    histories = {arm: {s: h for s, h in runs.items() if h} for arm, runs in ab.histories.items()}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"settings": ablation_settings(cfg, recipe, seeds, ab, probe)}
+    rows = None
+    if all(histories.get(a) for a in ("roc", "grpo")) and set(histories["roc"]) & set(histories["grpo"]):
+        rows = table(histories, final_steps)
+        doc["training"] = summary(rows)
+        (Path(out) / "summary.json").write_text(json.dumps(doc["training"], indent=1))
+    if probe:
+        doc["probe"] = probe_summary(ab, seeds)
+        ci = doc["probe"]["tool_error_ratio_among_positives"]["ci95"]
+        if ci and ci[0] <= 1 <= ci[1]:
+            doc["power"] = power(ab, seeds, probe.samples)
+    summary_file = Path(summary_path or Path(out) / "ablation-summary.json")
+    summary_file.parent.mkdir(parents=True, exist_ok=True)
+    summary_file.write_text(json.dumps(doc, indent=1) + "\n")
+    curves = Path(png or Path(out) / "curves.png")
+    plot(histories, str(curves), f"GRPO-RoC vs GRPO ({recipe}, seeds {','.join(map(str, seeds))})",
+         ab if probe else None, seeds)
+    return Outcome(doc, rows, list(histories), summary_file, curves)

@@ -107,3 +107,39 @@ def report(parts: list[Part]) -> dict[str, Any]:
     rows = [p.report() for p in parts]
     total = {k: sum(r[k] or 0 for r in rows) for k in rows[0] if k != "source"} if rows else {}
     return {"sources": rows, "total": total}
+
+
+def write_mix(sources: list[str] | tuple[str, ...], out: str, *, seed: int = 0, hub_dir: str | None = None,
+              model: str = "smollm2-135m", format_: str = "hermes", rewrite_cfg: Any = None) -> dict[str, Any]:
+    """`rstar2 train data`: the sources as one chat JSONL at `out` (rewritten first, where their hub set asks for it,
+    when `rewrite_cfg` (a rewrite.RewriteConfig) is given), and the report of each source's rows and tokens as
+    `model`'s tokenizer renders them in `format_`."""
+    import asyncio
+    import dataclasses
+    import json
+
+    from transformers import AutoTokenizer
+
+    from rstar2_agent.models import resolve_model
+
+    from .converters import HUB
+    from .rewrite import rewrite
+
+    parts = load_mix(sources, seed, "skip", hub_dir)
+    rewritten = {}
+    if rewrite_cfg is not None:
+        for part in parts:
+            if part.hub_id in HUB and HUB[part.hub_id].rewrite:
+                part.records, done = asyncio.run(rewrite(part.records, rewrite_cfg))
+                rewritten[part.source] = dataclasses.asdict(done)
+    resolved = resolve_model(model)
+    fmt = ChatFormat(AutoTokenizer.from_pretrained(resolved.path), format_, resolved.spec.chat_template)
+    render_parts(fmt, parts, max_len=1 << 30)
+    with open(out, "w", encoding="utf-8") as f:
+        for part in parts:
+            for r in part.records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    result = {**report(parts), "out": out, "model": model, "format": format_, "seed": seed}
+    if rewritten:
+        result["rewrite"] = rewritten
+    return result

@@ -229,6 +229,11 @@ class LearnerGroup:
                            for a in self.actors])
         log.info("learner group: %d ranks on %s", len(self.actors), ", ".join(devices))
 
+    @property
+    def push_dtype(self) -> str | None:
+        """What the weights travel as: bf16 to vLLM rollout workers (they hold bf16), as held to the hf ones."""
+        return "bf16" if self.cfg.rollout_engine == "vllm" else None
+
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray
 
@@ -254,7 +259,7 @@ class LearnerGroup:
 
     def weights(self) -> Any:
         """A Ray object reference to the full state dict (bf16 for vLLM rollout workers)."""
-        refs = self._all("weights", "bf16" if self.cfg.rollout_engine == "vllm" else None)
+        refs = self._all("weights", self.push_dtype)
         return refs[0][0]
 
     def shares_weights(self, engine: Any) -> bool:
@@ -303,8 +308,7 @@ class LearnerGroup:
             rank0.join_weight_group.remote(host, port, world, device, timeout),
             *(w.actor.join_weight_group.remote(host, port, 1 + i, world, device, timeout)
               for i, w in enumerate(workers))), timeout + 30)
-        dtype = "bf16" if self.cfg.rollout_engine == "vllm" else None
-        self.plan = await rank0.weight_plan.remote(dtype, self.cfg.weight_bucket_mb)
+        self.plan = await rank0.weight_plan.remote(self.push_dtype, self.cfg.weight_bucket_mb)
         self.members = members
         log.info("weight-sync group: learner rank 0 and %d rollout workers over %s", len(workers),
                  "nccl" if device == "cuda" else "gloo")
