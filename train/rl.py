@@ -76,8 +76,8 @@ class RLConfig:
     top_p: float = 1.0
     eps_low: float = 0.2
     eps_high: float = 0.28
-    # the PPO ratio is against the learner's own logprobs of the rollouts (update.py); `tis` also weights each token
-    # by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
+    # the PPO ratio is against the learner's own logprobs of the rollouts (learner/update.py); `tis` also weights each
+    # token by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
     # correction, rollout_is_threshold 2.0); off as in the release. Logprobs of both are at `temperature`: with
     # top_p < 1 the engine's are renormalized over the nucleus and the learner's are not, so keep top_p 1 here
     # auto: none with max_staleness 0 (the release), tis with max_staleness >= 1 (then the loss is decoupled PPO, as
@@ -103,7 +103,7 @@ class RLConfig:
     tensorboard: bool = False  # per-step metrics to out/tensorboard, when tensorboard is installed
     wandb_project: str | None = None  # ... and to this Weights & Biases project, when wandb is installed
     data_dir: str | None = None  # benchmark mirrors that curating a stage's sources decontaminates against
-    distributed: str = "none"  # none: one process (rollout_engine below); ray: distributed.py
+    distributed: str = "none"  # none: one process (rollout_engine below); ray: learner/ray_group.py
     # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
     # continuous batching, the new weights pushed after each update. engine_options: VLLMEngine's (kv_cache_gib...)
     rollout_engine: str = "hf"

@@ -1,6 +1,6 @@
 """`rstar2 train sft`: the non-reasoning SFT stage (instruction following, the tool-call and answer formats).
 
-Data (chat records, see converters.py) is rendered through the shared chat format with an assistant-only
+Data (chat records, see data/converters.py) is rendered through the shared chat format with an assistant-only
 loss mask, packed, and trained for `epochs` (or `max_steps`) with the learner. Every step's metrics go to the
 store; checkpoints are HF folders plus the trainer state, and `resume` continues from the last one exactly:
 the data order is a function of (seed, epoch) and the position is the step.
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class SFTConfig:
     model: str = "smollm2-135m"  # registry name, folder or hub id
-    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see converters.py and sft_mix.py
+    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see data/converters.py and data/sft_mix.py
     hub_dir: str | None = None  # read hub:ORG/NAME sources from hub_dir/ORG/NAME (local copies of the hub sets)
     seq_len: int = 1024  # packed row length; longer conversations are dropped or truncated (`overlong`)
     micro_batch: int = 4  # packed rows per forward pass

@@ -14,7 +14,8 @@ produced. `push(load)` loads new weights in one of two ways:
   the staleness bound is its oldest. It needs an engine that streams its tokens (vLLM in this process), since the
   tokens of an interrupted generation are what it heard before the interruption.
 
-Each token keeps the logprob of the policy that sampled it (the behaviour policy of the decoupled loss, update.py).
+Each token keeps the logprob of the policy that sampled it (the behaviour policy of the decoupled loss,
+learner/update.py).
 """
 
 from __future__ import annotations

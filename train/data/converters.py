@@ -201,7 +201,7 @@ class HubSet:
     format: str
     split: str = "train"  # the default split
     files: str | None = None  # the split's data files in the repository ({split} filled); else every data file
-    rewrite: bool = False  # the paper rewrote its prompts and responses with a stronger model (train/rewrite.py)
+    rewrite: bool = False  # the paper rewrote its prompts and responses with a stronger model (train/data/rewrite.py)
 
 
 HUB: dict[str, HubSet] = {
