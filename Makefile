@@ -53,7 +53,7 @@ lint:
 	$(VENV)/bin/ruff check .
 
 bench:
-	$(VENV)/bin/rstar2 sandbox bench
+	$(VENV)/bin/rstar2 bench sandbox
 
 # The whole pipeline on the embedded defaults: non-reasoning SFT, two GRPO-RoC stages, the report, and the
 # held-out synthetic accuracy before (the SFT checkpoint) and after (the RL checkpoint), then the trained model

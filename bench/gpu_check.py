@@ -6,8 +6,8 @@ repository that is not pip-installed: it puts the repository root first on sys.p
 `rstar2_agent.train` onto the top-level train/ folder itself, as pyproject's package-dir does. The random model
 and a minimal offline tokenizer are saved to a temporary folder, so the project's own code paths load them:
 
-1. learner: `TorchLearner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the old-logprob forward, then
-   the GRPO-RoC PPO-clip forward and backward) on --batch sequences of --seq tokens in micro-batches of
+1. learner: `TorchLearner` (fp32 weights and AdamW, bf16 autocast) running `policy_update` (the old-logprob forward,
+   then the GRPO-RoC PPO-clip forward and backward) on --batch sequences of --seq tokens in micro-batches of
    --micro-batch, then `optimizer_step`; tokens/s over --steps timed steps after --warmup,
    MFU = 8 * params * tokens/s / peak (2N for the old-logprob pass, 6N for the update).
 2. generation: `HFEngine` (bf16 on CUDA) with --gen-batch concurrent requests of --gen-tokens new tokens each
@@ -51,6 +51,8 @@ def project_imports() -> None:
     """Import the project from this working tree whether or not it is installed: the repository root first on
     sys.path (it wins over an editable install's finder, which sits after the path finder), and
     `rstar2_agent.train` registered from train/ before anything imports it."""
+    if "rstar2_agent.bench" in sys.modules:  # `rstar2 bench gpu`: the installed package is the project
+        return
     sys.path.insert(0, str(ROOT))
     import rstar2_agent
 

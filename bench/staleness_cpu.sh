@@ -30,6 +30,6 @@ print(sys.argv[1], "step_time", r("step_time"), "accuracy", r("accuracy", 3), "l
 done
 # contention: measured here (auto), or CONTENTION=1 (two jobs that each want both cores run at half speed)
 for s in 0 1; do
-  "$RSTAR2" train simulate --calibrate "async-k0-s$s" --measured async-k1-s0 --measured async-k1-s1 \
+  "$RSTAR2" bench simulate step --calibrate "async-k0-s$s" --measured async-k1-s0 --measured async-k1-s1 \
     --max-staleness 1 --contention "${CONTENTION:-auto}" --db "$DB"
 done

@@ -1,4 +1,4 @@
-"""`rstar2 eval BENCH[,BENCH...]` and `rstar2 eval report|compare|bench`."""
+"""`rstar2 eval BENCH[,BENCH...]` and `rstar2 eval report|compare` (the harness benchmark: `rstar2 bench eval`)."""
 
 from __future__ import annotations
 
@@ -276,65 +276,3 @@ def compare_cmd(run_a, run_b, db, top) -> None:
         console.print(table)
 
 
-@eval_group.command("bench")
-@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
-@click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)
-@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
-              help="Where aime24.jsonl is (its problems are used; the benchmarks' golds there join the grading "
-                   "corpus); default: generated synthetic problems.")
-@click.option("--problems", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--n", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(8), default=256, show_default=True)
-@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
-              help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
-@click.option("--grading-only", is_flag=True, help="Only the grading figures (no engine).")
-def bench_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers, grading_only) -> None:
-    """The harness's wall time against the bare engine on the same samples; graded answers per second through the
-    integer fast path against math-verify in the process pool, and their agreement on a corpus."""
-    import asyncio
-
-    from rich.console import Console
-
-    from rstar2_agent.chat_format import ChatFormat
-    from rstar2_agent.engines import make_engine
-    from rstar2_agent.models import resolve_model
-
-    from .benchmarks import get_benchmark
-    from .grading_bench import bench_grading
-    from .harness_bench import bench_harness
-
-    console = Console()
-    resolved = None if grading_only else resolve_model(model)
-
-    async def go():
-        row = None
-        if not grading_only:
-            bench = get_benchmark("aime24" if data_dir else "synth")
-            probs = bench.load(data_dir, problems)
-            with console.status(f"starting {engine} ..."):
-                eng = make_engine(engine, resolved.path, context_length=min(resolved.spec.context_length, 4096))
-            try:
-                row = await bench_harness(eng, ChatFormat(eng.tokenizer, "hermes"), bench, probs, n, max_tokens,
-                                          concurrency, rounds)
-            finally:
-                await eng.close()
-        with console.status("grading ..."):
-            return row, await bench_grading(answers, min(answers, 2_000), data_dir=data_dir)
-
-    row, grading = asyncio.run(go())
-    if row is not None:
-        console.print(f"harness vs bare {engine} engine ({resolved.spec.name}): {row.samples} samples x {max_tokens} "
-                      f"tokens, concurrency {concurrency}, {rounds} rounds")
-        console.print(f"  bare engine {row.bare_s:.2f} s ({row.tokens / row.bare_s:.1f} tok/s), harness "
-                      f"{row.harness_s:.2f} s ({row.tokens / row.harness_s:.1f} tok/s): "
-                      f"harness / bare = {row.ratio:.3f}")
-    for g in grading:
-        console.print(f"grading {g.name} ({g.answers} answers, {g.decided} decided by the fast path): with the fast "
-                      f"path {g.fast_per_s:.0f} answers/s, math-verify in the pool only {g.pool_per_s:.0f} answers/s "
-                      f"({g.ratio:.1f}x); same verdicts on {g.agree}/{g.answers}", soft_wrap=True)
-        for pair, fast, pool in g.differ[:20]:
-            console.print(f"  differs: gold {pair.gold!r}, answer {fast.predicted!r} ({pair.kind}): with the fast "
-                          f"path {fast.correct}, math-verify {pool.correct} ({pool.error or 'no error'})",
-                          soft_wrap=True)

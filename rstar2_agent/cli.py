@@ -11,14 +11,21 @@ from .logs import setup_logging
 from .processes import end_on_sigterm
 from .sandbox.sandbox_commands import sandbox_group
 
+# The old spellings of the benchmarks, before they moved under `rstar2 bench`: (group, command) -> the bench path.
+# They still run, hidden from --help.
+BENCH_ALIASES = {("engines", "bench"): "engines", ("engines", "simulate"): "simulate replicas",
+                 ("sandbox", "bench"): "sandbox", ("serve", "bench"): "serve", ("eval", "bench"): "eval",
+                 ("train", "bench"): "rollout", ("train", "bench-push"): "push", ("train", "simulate"): "simulate step"}
+
 
 class FacesGroup(click.Group):
-    """The faces' commands are imported only when one of them runs (or --help lists them): `rstar2 sandbox run`
-    or `rstar2 chat` needs neither SQLAlchemy nor FastAPI."""
+    """The faces' commands (and the bench floor's) are imported only when one of them runs (or --help lists them):
+    `rstar2 sandbox run` or `rstar2 chat` needs neither SQLAlchemy nor FastAPI."""
 
     FACES = {"serve": "rstar2_agent.serve.serve_command:serve_cmd",
              "eval": "rstar2_agent.eval.eval_commands:eval_group",
-             "train": "rstar2_agent.train.train_commands:train_group"}
+             "train": "rstar2_agent.train.train_commands:train_group",
+             "bench": "rstar2_agent.bench.bench_commands:bench_group"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.FACES})
@@ -28,8 +35,27 @@ class FacesGroup(click.Group):
             import importlib
 
             module, attr = self.FACES[name].split(":")
-            return getattr(importlib.import_module(module), attr)
-        return super().get_command(ctx, name)
+            command = getattr(importlib.import_module(module), attr)
+        else:
+            command = super().get_command(ctx, name)
+        if isinstance(command, click.Group):
+            for (group, old), target in BENCH_ALIASES.items():
+                if group == name and old not in command.commands:
+                    command.add_command(bench_alias(target), old)
+        return command
+
+
+def bench_alias(path: str) -> click.Command:
+    """`rstar2 bench PATH` under another name, hidden from --help."""
+    import copy
+    import importlib
+
+    command = importlib.import_module("rstar2_agent.bench.bench_commands").bench_group
+    for part in path.split():
+        command = command.commands[part]
+    alias = copy.copy(command)
+    alias.hidden = True
+    return alias
 
 
 @click.group(cls=FacesGroup)
@@ -85,100 +111,8 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
         raise click.ClickException(str(e)) from e
 
 
-@main.group("engines")
+@main.group("engines", hidden=True)
 def engines_group() -> None:
-    """Inference engines (vllm, hf, openai)."""
+    """Inference engines: their benchmarks are `rstar2 bench engines` and `rstar2 bench simulate replicas`."""
 
 
-@engines_group.command("bench")
-@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
-@click.option("--engine", "kinds", multiple=True, type=click.Choice(["hf", "vllm"]), default=("hf", "vllm"),
-              show_default=True)
-@click.option("--max-tokens", type=click.IntRange(8), default=128, show_default=True)
-@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
-def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
-    """Tokens/s at 1 and 8 concurrent loops per engine, and the agent loop's overhead over the bare engine."""
-    import asyncio
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from .engines import make_engine
-    from .engines.engine_bench import bench_engine
-    from .models import resolve_model
-
-    resolved = resolve_model(model)
-    console = Console()
-
-    async def go():
-        rows = []
-        for kind in kinds:
-            with console.status(f"starting {kind} ..."):
-                engine = make_engine(kind, resolved.path, context_length=min(resolved.spec.context_length, 4096))
-            try:
-                rows += await bench_engine(engine, kind, max_tokens=max_tokens, rounds=rounds)
-            finally:
-                await engine.close()
-            console.log(f"{kind} done")
-        return rows
-
-    rows = asyncio.run(go())
-    table = Table(title=f"engines on {resolved.spec.name}: generated tokens/s")
-    for col in ("engine", "concurrent loops", "requests", "tokens", "bare engine tok/s", "agent loop tok/s",
-                "wall-clock overhead", "loop's own time"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r.engine, str(r.concurrency), str(r.requests), str(r.tokens), f"{r.bare_tok_s:.1f}",
-                      f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%", f"{r.loop_own * 100:.2f}%")
-    console.print(table)
-
-
-
-@engines_group.command("simulate")
-@click.option("--replicas", default="8,64", show_default=True, help="Replica counts, comma-separated.")
-@click.option("--rollouts", type=click.IntRange(1), default=16384, show_default=True,
-              help="Rollouts in the step (paper: 512 prompts x 32, RoC's oversampling of 2 x 16).")
-@click.option("--workload", type=click.Choice(["longtail", "recorded"]), default="longtail", show_default=True,
-              help="longtail: shaped like the paper's; recorded: resampled from --db (default: a SmolLM2 sample).")
-@click.option("--db", default=None, help="A store (path or SQLAlchemy URL) for --workload recorded.")
-@click.option("--kv-tokens", type=click.IntRange(1), default=500_000, show_default=True, help="KV cache per replica.")
-@click.option("--budget", type=click.IntRange(1), default=12_288, show_default=True,
-              help="Max response tokens of a rollout.")
-@click.option("--reserve", type=click.IntRange(1), default=None,
-              help="Also run kv_aware overbooked: each rollout reserves prompt + this many tokens.")
-@click.option("--quantile", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.9,
-              show_default=True, help="Adaptive kv_aware: reserve up to this quantile of the learned lengths.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
-def engines_simulate_cmd(replicas, rollouts, workload, db, kv_tokens, budget, reserve, quantile, seed,
-                         json_out) -> None:
-    """Simulate one RL step of multi-turn rollouts over engine replicas under each placement policy."""
-    import json
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from .engines import rollout_sim as sim
-
-    counts = [int(x) for x in replicas.split(",") if x.strip()]
-    try:
-        def step(s: int) -> list:
-            return sim.longtail(rollouts, s, budget=budget) if workload == "longtail" else sim.recorded(rollouts, s, db)
-
-        # "later step": the adaptive pool has learned from the step before (the same workload, another seed)
-        rows = sim.compare(step(seed), counts, sim.SimConfig(kv_tokens=kv_tokens, budget=budget), reserve, quantile,
-                           prior=step(seed + 1))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    table = Table(title=f"one step of {rollouts} {workload} rollouts, {kv_tokens} KV tokens a replica")
-    for col in ("replicas", "policy", "makespan s", "vs static", "idle %", "preemptions", "recomputed tokens",
-                "pool waits", "overflows"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    static = {r.replicas: r.makespan for label, r in rows if label == "static"}
-    for label, r in rows:
-        table.add_row(str(r.replicas), label, f"{r.makespan:.0f}", f"{r.makespan / static[r.replicas] - 1:+.0%}",
-                      f"{r.idle * 100:.1f}", str(r.preemptions), str(r.recomputed), str(r.waits), str(r.overflows))
-    Console().print(table)
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump([{"label": label, **r.to_dict()} for label, r in rows], f, indent=1)

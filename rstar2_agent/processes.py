@@ -5,7 +5,7 @@
 - `FateShare`: for what a `finally` cannot reach, a SIGKILL of the command. A small sidecar process watches the
   command (a pipe only the command holds, and the parent-death signal) and, when the command dies without
   releasing it, ends the process trees it was given (SIGTERM, then SIGKILL after a grace period). vLLM's engine
-  core and the servers `rstar2 serve bench` starts are put under one.
+  core and the servers `rstar2 bench serve` starts are put under one.
 - `descendants(pid)`, `end_tree(pid)`: process trees read from /proc (Linux).
 """
 

@@ -1,4 +1,4 @@
-"""`rstar2 serve` (and `rstar2 serve bench`)."""
+"""`rstar2 serve` (its benchmark against vLLM's own server: `rstar2 bench serve`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from rstar2_agent.cli_options import engine_option, replica_options
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, stall_timeout,
               format_name, unsafe) -> None:
-    """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 serve bench`: against
+    """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -82,47 +82,3 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     asyncio.run(main())
 
 
-@serve_cmd.command("bench")
-@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
-@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--requests", type=click.IntRange(1), default=8, show_default=True,
-              help="Requests per measurement (at least the concurrency: 16 at concurrency 16).")
-@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
-              help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
-@click.option("--request-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
-              help="Seconds a request may take (half of it without a byte) before it counts as an error.")
-def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> None:
-    """rstar2 serve against vLLM's own OpenAI server: tokens/s and time to first token; tool-call overhead."""
-    import statistics
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from rstar2_agent.models import resolve_model
-
-    from .vs_vllm_bench import run_bench, summarize
-
-    resolved = resolve_model(model)
-    console = Console()
-    with console.status("starting vLLM's server and rstar2 serve, then alternating rounds ..."):
-        rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests,
-                                                rounds=rounds, request_timeout=request_timeout)
-    table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming), median of "
-                        f"{rounds} rounds")
-    for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms", "errors"):
-        table.add_column(col)
-    summary = summarize(rows)
-    for _, *median, _ in summary:
-        for r in median:
-            table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
-                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}", str(r.errors))
-    console.print(table)
-    for conc, _, _, ratios in summary:
-        console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {statistics.median(ratios):.3f} "
-                      f"(per round: {', '.join(f'{x:.3f}' for x in ratios)})")
-    for server in sorted({r.server for r in rows}):
-        mine = [r for r in rows if r.server == server]
-        console.print(f"{server}: {sum(r.errors for r in mine)} failed or timed-out requests of "
-                      f"{sum(r.requests for r in mine)}")
-    console.print(f"tools on: a tool call adds {extra_ms:.1f} ms beyond the program's own {own_ms:.1f} ms "
-                  f"(median over {n} requests)")

@@ -6,10 +6,14 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig
+
+if TYPE_CHECKING:
+    from rstar2_agent.train.rl import RLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_SECRET = "RSTAR2_TEST_HOST_SECRET"
@@ -142,9 +146,10 @@ def _group(pgid: int) -> list[int]:
     return out
 
 
-async def until(condition, what: str, timeout: float = 20.0) -> None:
+async def until(condition, what, timeout: float = 20.0) -> None:
     """Wait for `condition()` (a plain or an async callable) to hold, polling every 20 ms; fail after `timeout`
-    seconds naming what was awaited. For waits on a state the test can observe, instead of a fixed sleep."""
+    seconds naming what was awaited (`what`: a string, or a callable that says it at the timeout, e.g. naming what
+    is left). For waits on a state the test can observe, instead of a fixed sleep."""
     import inspect
     import time
 
@@ -156,8 +161,31 @@ async def until(condition, what: str, timeout: float = 20.0) -> None:
         if value:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         await asyncio.sleep(0.02)
+
+
+def until_sync(condition, what, timeout: float = 20.0, every: float = 0.02) -> None:
+    """`until` for a synchronous test: wait for `condition()` to hold, polling every `every` seconds; fail after
+    `timeout` seconds naming what was awaited (`what`: as for `until`)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+        time.sleep(every)
+
+
+def tiny(tmp_path, **kw) -> RLConfig:
+    """A small RL run of SmolLM2 writing under `tmp_path`: 2 steps of 2 prompts x 2 rollouts, 48 response tokens,
+    2 turns, markdown format; `kw`: RLConfig fields to change."""
+    from rstar2_agent.train.rl import RLConfig, Stage
+
+    base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
+                prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
+                out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown")
+    return RLConfig(**{**base, **kw})
 
 
 def hang_grade(text: str, gold: str, extraction: str = "paper"):

@@ -31,7 +31,7 @@ from rstar2_agent.grading.arena import (
 )
 from rstar2_agent.store import Store
 
-from conftest import uvicorn_app
+from conftest import until, uvicorn_app
 
 FIXTURE = Path(__file__).resolve().parent / "data"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -186,12 +186,12 @@ async def test_a_run_killed_while_judging_resumes_without_asking_twice(tmp_path)
                 str(db), "--run", "killed"]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
-        for _ in range(1200):
-            if db.exists() and len(judge_rows(db)) >= 5:
-                break
-            await asyncio.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        try:
+            await until(lambda: db.exists() and len(judge_rows(db)) >= 5, "five of the six judgments stored",
+                        timeout=120)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
         app.state.release.set()
         assert len(judge_rows(db)) == 5, "the run should have been killed with one game left"
         app.state.judge_calls.clear()

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from html import escape
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from rstar2_agent.serve.app import ServeConfig, Server, create_app
 from rstar2_agent.store import Store
 from rstar2_agent.trajectory import Trajectory, Turn
 
-from conftest import uvicorn_app
+from conftest import until_sync, uvicorn_app
 
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).resolve().parent / "data"
@@ -224,13 +223,12 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_results(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([*args, "--run", "killed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if db.exists() and len(_stored(db, "killed")) >= 2:
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:  # the run ending by itself ends the wait too: the assertion below says what it stored
+        until_sync(lambda: proc.poll() is not None or (db.exists() and len(_stored(db, "killed")) >= 2),
+                   "two samples of the run stored", timeout=240, every=0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     partial = _stored(db, "killed")
     assert 2 <= len(partial) < 6, "the run should have been killed halfway"
     assert all(row[7] is not None for row in partial)  # no sample without its trajectory

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_agent.eval.grading_bench import NEAR_INTEGER_GOLDS, answer_corpus, fast_disagreements, rollout_pairs
+from rstar2_agent.bench.grading import NEAR_INTEGER_GOLDS, answer_corpus, fast_disagreements, rollout_pairs
 from rstar2_agent.grading import math as math_grading
 from rstar2_agent.grading.math import MathGrader, integer_verdict, verify_answer
 
-from conftest import hang_grade
+from conftest import hang_grade, until
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATA_DIR = str(SHARED) if SHARED.is_dir() else None  # the benchmarks' golds join the corpus when present
@@ -119,7 +119,8 @@ async def test_fast_verdicts_do_not_wait_for_the_pool(monkeypatch):
     try:
         monkeypatch.setattr(math_grading, "_grade", hang_grade)
         stuck = asyncio.ensure_future(grader.grade("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5"))
-        await asyncio.sleep(0.2)
+        await until(lambda: grader._slots is not None and grader._slots.locked(),
+                    "the stuck comparison to hold the pool's only slot")
         pairs = rollout_pairs(2_000)
         grades = await asyncio.wait_for(asyncio.gather(*(grader.grade(p.response, p.gold) for p in pairs)), 10)
         assert not stuck.done()
@@ -146,7 +147,7 @@ def test_eval_bench_prints_both_grading_rows_with_their_agreement():
     import sys
 
     rstar2 = str(Path(sys.executable).with_name("rstar2"))
-    p = subprocess.run([rstar2, "eval", "bench", "--grading-only", "--answers", "200"], capture_output=True,
+    p = subprocess.run([rstar2, "bench", "grading", "--answers", "200"], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("grading ")]

@@ -1,7 +1,9 @@
 """The package's imports run one way: the faces (serve, eval, train, chat) use the core (agent, engines, sandbox,
 grading, store, chat_format, models, ...), no face imports another, and the core imports no face. Only the
-entry point (`rstar2_agent.cli`) sees every face. Every import counts, the lazy ones inside functions and the ones
-written as strings (importlib.import_module, __import__) too."""
+entry point (`rstar2_agent.cli`) and the bench floor (`rstar2_agent.bench`, the benchmarks that measure a
+face against its baseline) see every face, and nothing imports the bench but the entry point. Every import
+counts, the lazy ones inside functions and the ones written as strings (importlib.import_module, __import__)
+too."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from conftest import ROOT
 
 # Source folder of each installed package (pyproject's package-dir: the faces keep their top-level folders).
 FOLDERS = {"rstar2_agent": ROOT / "rstar2_agent", "rstar2_agent.serve": ROOT / "serve",
-           "rstar2_agent.eval": ROOT / "eval", "rstar2_agent.train": ROOT / "train"}
+           "rstar2_agent.eval": ROOT / "eval", "rstar2_agent.train": ROOT / "train",
+           "rstar2_agent.bench": ROOT / "bench"}
 FACES = ("rstar2_agent.serve", "rstar2_agent.eval", "rstar2_agent.train", "rstar2_agent.chat")
 ENTRY = "rstar2_agent.cli"
+BENCH = "rstar2_agent.bench"
 
 
 def modules() -> dict[str, Path]:
@@ -22,7 +26,7 @@ def modules() -> dict[str, Path]:
     for package, folder in FOLDERS.items():
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder).with_suffix("").parts
-            if parts[0] in ("serve", "eval", "train") and package == "rstar2_agent":
+            if parts[0] in ("serve", "eval", "train", "bench") and package == "rstar2_agent":
                 continue  # not there; the faces live in their own folders
             name = ".".join((package, *parts)).removesuffix(".__init__")
             out[name] = path
@@ -59,12 +63,16 @@ def face_of(module: str) -> str | None:
     return next((f for f in FACES if module == f or module.startswith(f + ".")), None)
 
 
+def in_bench(module: str) -> bool:
+    return module == BENCH or module.startswith(BENCH + ".")
+
+
 def test_faces_use_the_core_and_never_each_other():
     known = modules()
     assert len(known) > 60 and all(f in known for f in FACES)  # the walk sees the whole package
     wrong: dict[tuple[str, int], str] = {}  # one line per import statement
     for name, path in sorted(known.items()):
-        if name == ENTRY:
+        if name == ENTRY or in_bench(name):
             continue
         mine = face_of(name)
         for line, target in imports(name, path.read_text(), path.name == "__init__.py"):
@@ -74,6 +82,16 @@ def test_faces_use_the_core_and_never_each_other():
                 wrong.setdefault((str(path.relative_to(ROOT)), line), f"{layer} imports {target}")
     assert not wrong, "imports that run upward or sideways (move what both need into the core):\n" + "\n".join(
         f"{where}:{line}: {what}" for (where, line), what in sorted(wrong.items()))
+
+
+def test_nothing_but_the_entry_point_imports_the_bench():
+    known = modules()
+    assert sum(in_bench(name) for name in known) > 10  # the walk sees the bench folder
+    wrong = sorted(f"{known[name].relative_to(ROOT)}:{line}: imports {target}" for name in known
+                   if name != ENTRY and not in_bench(name)
+                   for line, target in imports(name, known[name].read_text(), known[name].name == "__init__.py")
+                   if in_bench(target))
+    assert not wrong, "the core and the faces never import the bench:\n" + "\n".join(wrong)
 
 
 def test_the_walk_sees_lazy_and_relative_imports():
@@ -89,6 +107,7 @@ def test_the_command_line_loads_a_face_only_to_run_it():
     import sys
 
     code = ("import sys, rstar2_agent.cli; print(sorted(m for m in sys.modules if m.startswith(("
-            "'rstar2_agent.serve', 'rstar2_agent.eval', 'rstar2_agent.train', 'sqlalchemy', 'fastapi'))))")
+            "'rstar2_agent.serve', 'rstar2_agent.eval', 'rstar2_agent.train', 'rstar2_agent.bench', 'sqlalchemy', "
+            "'fastapi'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

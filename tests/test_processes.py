@@ -1,4 +1,4 @@
-"""Nothing a command starts outlives it: FateShare ends a killed process's trees, and `rstar2 serve bench` ended
+"""Nothing a command starts outlives it: FateShare ends a killed process's trees, and `rstar2 bench serve` ended
 by SIGTERM mid-run leaves no server, engine or sandbox process behind."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,12 +15,14 @@ import pytest
 
 from rstar2_agent.processes import alive, descendants
 
+from conftest import until_sync
+
 PARENT = """
 import subprocess, sys, time
 from rstar2_agent.processes import FateShare
 child = subprocess.Popen(["sleep", "300"], start_new_session=True)
 fate = FateShare([child.pid], grace=2)
-print(child.pid, flush=True)
+print(child.pid, fate.proc.pid, flush=True)
 if sys.argv[1] == "release":
     fate.release()
     sys.exit(0)
@@ -30,16 +31,16 @@ time.sleep(300)
 
 
 def wait_gone(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.1)
+    """Those of `pids` still alive once every one has ended; fails after `seconds`, naming the living."""
+    until_sync(lambda: not any(alive(p) for p in pids),
+               lambda: f"processes to end (still alive: {[p for p in pids if alive(p)]})", seconds, every=0.1)
     return [p for p in pids if alive(p)]
 
 
 @pytest.mark.parametrize("how", ["sigkill", "release"])
 def test_fate_share_ends_a_killed_parents_trees_and_only_then(how):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, how], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
+    child, sidecar = map(int, parent.stdout.readline().split())
     try:
         assert alive(child)
         if how == "sigkill":
@@ -48,7 +49,8 @@ def test_fate_share_ends_a_killed_parents_trees_and_only_then(how):
             assert wait_gone([child], 10) == []  # a SIGKILL runs no `finally`: the sidecar ended the tree
         else:
             assert parent.wait(30) == 0
-            time.sleep(1.5)
+            # once the released sidecar has exited, nothing is left that could end the child
+            until_sync(lambda: not alive(sidecar), "the released sidecar to exit", 10)
             assert alive(child)  # released: left alone
     finally:
         if alive(child):
@@ -58,13 +60,13 @@ def test_fate_share_ends_a_killed_parents_trees_and_only_then(how):
 @pytest.mark.slow
 def test_serve_bench_ended_by_sigterm_mid_run_leaves_no_process(tmp_path):
     rstar2 = str(Path(sys.executable).with_name("rstar2"))
-    bench = subprocess.Popen([rstar2, "serve", "bench", "--rounds", "1", "--requests", "2", "--max-tokens", "8"],
+    bench = subprocess.Popen([rstar2, "bench", "serve", "--rounds", "1", "--requests", "2", "--max-tokens", "8"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline, up = time.monotonic() + 420, set()
-        while len(up) < 2:  # both servers (vLLM's and ours) answer: the bench is measuring
+        up: set[str] = set()
+
+        def both_up() -> bool:  # both servers (vLLM's and ours) answer: the bench is measuring
             assert bench.poll() is None, bench.stderr.read()[-2000:]
-            assert time.monotonic() < deadline, "the servers did not come up"
             for pid in descendants(bench.pid):
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -75,7 +77,9 @@ def test_serve_bench_ended_by_sigterm_mid_run_leaves_no_process(tmp_path):
                             up.add(port[1])
                     except httpx.HTTPError:
                         pass
-            time.sleep(1)
+            return len(up) >= 2
+
+        until_sync(both_up, "the servers to come up (vLLM's and ours answering /health)", timeout=420, every=1)
         tree = descendants(bench.pid)
         assert len(tree) >= 4  # two servers, their engine processes, our sandbox workers
         bench.send_signal(signal.SIGTERM)

@@ -11,12 +11,11 @@ import os
 import signal
 
 import pytest
-from test_train_rl import tiny
 
 from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.rl import RLRun
 
-from conftest import until
+from conftest import tiny, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 

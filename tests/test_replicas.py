@@ -8,10 +8,10 @@ from collections import defaultdict
 
 import pytest
 
+from rstar2_agent.bench.replicas_sim import SimConfig, longtail, recorded, simulate
 from rstar2_agent.engines.base import Engine, Generation, SamplingParams
 from rstar2_agent.engines.placement import Placement
 from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool
-from rstar2_agent.engines.rollout_sim import SimConfig, longtail, recorded, simulate
 from rstar2_agent.engines.scope import current_trajectory, one_trajectory
 
 

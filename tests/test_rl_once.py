@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_train_rl import tiny
 
 from rstar2_agent.store import Store, sample_row
 from rstar2_agent.train.learner.model import lr_factor
@@ -26,7 +25,7 @@ from rstar2_agent.train.recipe import dump
 from rstar2_agent.train.rl import Stage, forget_unsaved
 from rstar2_agent.trajectory import Trajectory
 
-from conftest import run_until_paused
+from conftest import run_until_paused, tiny
 
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None

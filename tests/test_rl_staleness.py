@@ -14,7 +14,7 @@ from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl
 from rstar2_agent.train.staleness import VersionGate, lag_metrics
 
-from conftest import count_prompt
+from conftest import count_prompt, until
 
 
 def test_max_staleness_needs_an_engine_with_its_own_weights(tmp_path):
@@ -41,6 +41,7 @@ async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(vl
     ids = count_prompt(vllm_engine.tokenizer)
     long = SamplingParams(temperature=1.0, max_tokens=96, seed=3, ignore_eos=True)
     loaded: list[int] = []
+    heard: list[int] = []
 
     async def load():
         loaded.append(gate.version)
@@ -48,11 +49,11 @@ async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(vl
 
     async def rollout():
         async with gate.trajectory() as versions:
-            gen = await gate.generate(ids, long)
+            gen = await gate.generate(ids, long, lambda new, lps: heard.extend(new))
         return gen, versions
 
     first = asyncio.ensure_future(rollout())
-    await asyncio.sleep(0.5)  # in flight
+    await until(lambda: heard, "the first rollout's first tokens", timeout=30)  # in flight
     push = asyncio.ensure_future(gate.push(load))
     await asyncio.sleep(0)
     late = asyncio.ensure_future(rollout())  # arrives while the push waits: starts after it
@@ -76,10 +77,7 @@ async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new
         return gen, versions
 
     task = asyncio.ensure_future(rollout())
-    for _ in range(600):  # until some tokens are out
-        if len(heard) >= 8:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: len(heard) >= 8, "the rollout's first 8 tokens", timeout=30)
     assert await gate.push(lambda: vllm_engine.load_weights(weights)) == 0.0  # no waiting for the rollout
     gen, versions = await task
     assert gate.interrupted == 1 and gate.version == 1

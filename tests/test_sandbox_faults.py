@@ -12,9 +12,15 @@ from rstar2_agent.sandbox.templates import FULL
 from conftest import HOST_SECRET, ROOT, children, until
 
 
+def leaked(sb) -> dict[int, list[int]]:
+    """The workers with more under them than the runner: worker pid -> the processes under it."""
+    return {pid: kids for pid in sb.worker_pids() if len(kids := children(pid)) != 1}
+
+
 async def assert_pool_clean(sb):
     """Every worker is back to one process (the runner under bwrap) and serves a call."""
-    await asyncio.sleep(0.05)
+    await until(lambda: not leaked(sb), lambda: f"every worker back to one process (leaked: {leaked(sb)})",
+                timeout=5)
     for pid in sb.worker_pids():
         assert len(children(pid)) == 1, f"leaked processes under worker {pid}: {children(pid)}"
     for _ in range(2):

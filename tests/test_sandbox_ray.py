@@ -35,6 +35,11 @@ async def test_two_local_actors_share_the_calls():
         ray.shutdown()
 
 
+async def programs_running(sb: RaySandbox, k: int) -> bool:
+    """Whether actor `k`'s pool is running a program now."""
+    return (await sb.stats())["actors"][k]["running"] > 0
+
+
 async def test_a_killed_sandbox_actor_is_replaced_and_its_calls_rerun_once(smol_tokenizer):
     """Six trajectories through the real agent loop (scripted model turns: one slow tool call each, then the
     answer) on two sandbox actors; one actor's process is killed (SIGKILL) while its calls run. It is replaced,
@@ -67,7 +72,7 @@ async def test_a_killed_sandbox_actor_is_replaced_and_its_calls_rerun_once(smol_
                                                fmt, AgentConfig(max_turns=3, tool_timeout=30))) for i in range(6)]
         await until(lambda: sb.balancer.outstanding[0] > 0 and sb.balancer.outstanding[1] > 0,
                     "calls in flight on both actors", timeout=60)
-        await asyncio.sleep(0.5)  # the programs are running (they sleep 2 s)
+        await until(lambda: programs_running(sb, k), f"programs running in actor {k}")  # they sleep 2 s
         os.kill(pids[k], signal.SIGKILL)
         done = await asyncio.gather(*trajs)
         assert sb.restarts[k] == 1 and sum(sb.restarts) == 1 and (await sb.pids())[k] != pids[k]

@@ -209,7 +209,7 @@ async def test_serve_cli_spreads_conversations_over_replicas(smol):
     import sys
     from pathlib import Path
 
-    from rstar2_agent.serve.vs_vllm_bench import running
+    from rstar2_agent.bench.serve import running
 
     from conftest import free_port
 

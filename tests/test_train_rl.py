@@ -19,6 +19,8 @@ from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
 from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl, stage_of
 
+from conftest import tiny
+
 
 def test_advantages_and_the_clipped_loss_by_hand():
     adv = grpo_advantages([1, 0, 0, 1])
@@ -38,13 +40,6 @@ def test_stage_of_global_steps():
     assert [stage_of(stages, s) for s in range(5)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     with pytest.raises(IndexError):
         stage_of(stages, 5)
-
-
-def tiny(tmp_path, **kw) -> RLConfig:
-    base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
-                prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
-                out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown")
-    return RLConfig(**{**base, **kw})
 
 
 @pytest.mark.slow

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.bench.serve import running
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.engines.openai import OpenAIEngine
-from rstar2_agent.serve.vs_vllm_bench import running
 
 from conftest import count_prompt as prompt
 from conftest import free_port

@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report|bench|bench-push|simulate`.
+"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report` (the RL benchmarks: `rstar2 bench`).
 
 Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
@@ -92,49 +92,6 @@ def _reach(out, final) -> str:
         (Path("runs") / name / "last").resolve() == (Path(out) / "last").resolve()
     model = name if by_name else str(final)
     return f"checkpoint: {final}\nuse it with --model {model}, e.g. rstar2 chat --model {model}"
-
-
-@train_group.command("bench", context_settings={"ignore_unknown_options": True})
-@click.option("--recipe", default="rl-smollm2-cpu", show_default=True,
-              help="A YAML file, or a recipe name in train/recipes/ (its first stage's settings are used).")
-@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
-@click.argument("overrides", nargs=-1)
-def bench_cmd(recipe, rounds, overrides) -> None:
-    """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
-    import asyncio
-
-    from .rl import RLConfig
-    from .rollout_bench import bench_rollout
-
-    cfg = _recipe(RLConfig, recipe, overrides)
-    row = asyncio.run(bench_rollout(cfg, rounds))
-    click.echo(f"{row.rollouts} rollouts; bare engine tok/s per round: {', '.join(f'{x:.1f}' for x in row.bare_tok_s)}"
-               f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
-    click.echo(f"RL rollout / bare engine throughput (best rounds): {row.ratio:.3f}")
-    click.echo("one step: " + ", ".join(f"{k.removeprefix('time_')} {v:.1f} s" for k, v in row.split.items()))
-
-
-@train_group.command("bench-push")
-@click.option("--model", default="smollm2-135m", show_default=True)
-@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Ray rollout workers.")
-@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--bucket-mb", type=float, default=256.0, show_default=True, help="The collective's bucket size.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
-def bench_push_cmd(model, workers, rounds, bucket_mb, json_file) -> None:
-    """Seconds per weight push to the Ray rollout workers (local cluster, CPU): collective against object store."""
-    import asyncio
-    from dataclasses import asdict
-    from pathlib import Path
-
-    from .push_bench import bench_push
-
-    row = asyncio.run(bench_push(model, workers, rounds, bucket_mb=bucket_mb))
-    click.echo(f"{model}, {row.megabytes:.0f} MiB to {workers} rollout workers, {rounds} rounds")
-    for mode, secs in row.seconds.items():
-        click.echo(f"{mode:>12}: {', '.join(f'{x:.2f}' for x in secs)} s (median {row.median(mode):.2f} s)")
-    click.echo(f"object store / collective seconds per push (medians): {row.ratio:.2f}")
-    if json_file:
-        Path(json_file).write_text(json.dumps({**asdict(row), "ratio": row.ratio}, indent=1))
 
 
 @train_group.command("ablation", context_settings={"ignore_unknown_options": True})
@@ -388,123 +345,6 @@ def problems_verify_cmd(problems, out, url, served_model, api_key, samples, min_
                                    f"in {out}.progress.jsonl")
     click.echo(f"{counts.kept} of {counts.read} problems kept -> {out} ({counts.asked} asked now, "
                f"{counts.done_before} recorded before)")
-
-
-@train_group.command("simulate")
-@click.option("--stage", type=click.Choice(["1", "2", "3"]), default="1", show_default=True,
-              help="The paper's RL stage whose budget (8K or 12K tokens, 10 or 15 turns) the table simulates.")
-@click.option("--steps", type=click.IntRange(2), default=7, show_default=True,
-              help="Learner steps simulated per row; the first --warmup are left out of the means.")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn rollouts.")
-@click.option("--shard", type=click.Choice(["1", "2", "4", "8", "16"]), default="8", show_default=True,
-              help="Simulate 1/SHARD of the GPUs and prompts (the scheduler spreads them evenly); 1: all of them.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
-@click.option("--calibrate", "sync_run", default=None,
-              help="Instead: fit the model on this synchronous run (a history.json, a run folder, or a run name in "
-                   "the store) and predict --measured runs.")
-@click.option("--measured", multiple=True,
-              help="A run to predict with the fitted model (repeatable); its schedule from its recipe.yaml or below.")
-@click.option("--db", default=None, help="The store (SQLite file or SQLAlchemy URL) of the runs' metrics and rollouts.")
-@click.option("--contention", default="auto", show_default=True,
-              help="Slow-down when learner and engine overlap on one machine: a number (0 none, 1 half speed each), "
-                   "or auto to measure it here.")
-@click.option("--skip", type=click.IntRange(0), default=1, show_default=True,
-              help="Leave out each run's first steps (start-up) from the fit and the comparison.")
-@click.option("--rollouts-per-step", type=click.IntRange(1), default=None,
-              help="When neither a recipe.yaml nor the store tells it.")
-@click.option("--max-staleness", type=click.IntRange(0), default=None, help="The --measured runs' schedule.")
-@click.option("--partial/--no-partial", default=None, help="The --measured runs' partial rollouts.")
-def simulate_cmd(stage, steps, warmup, seed, shard, json_out, sync_run, measured, db, contention, skip,
-                 rollouts_per_step, max_staleness, partial) -> None:
-    """One RL step of the paper's setup (64 MI300X, Qwen3-14B, 512 x 32 rollouts), simulated under the synchronous
-    schedule and bounded staleness, with and without partial rollouts: step time, throughput, ratio to sync. With
-    --calibrate: fit the model on a measured synchronous run and report how well it predicts the --measured runs."""
-    from rich.console import Console
-
-    from . import simulate as sim
-
-    console = Console(width=160)
-    if sync_run:
-        result = _calibrate(console, sync_run, measured, db, contention, skip, rollouts_per_step, max_staleness,
-                            partial, steps, warmup)
-    else:
-        rows = sim.paper_table(int(stage), steps, warmup, seed, int(shard))
-        _paper_table(console, rows, int(stage), int(shard))
-        result = sim.as_json(rows, int(stage), {"steps": steps, "warmup": warmup, "seed": seed, "shard": int(shard)})
-    if json_out:
-        from pathlib import Path
-
-        Path(json_out).write_text(json.dumps(result, indent=1))
-        console.print(f"wrote {json_out}")
-
-
-def _paper_table(console, rows, stage: int, shard: int) -> None:
-    from rich.table import Table
-
-    from . import simulate as sim
-
-    grid = Table(title=f"One RL step at the paper's scale, stage {stage} (simulated; assumptions below)")
-    for col in ("schedule", "GPUs", "step s", "rollouts/s", "tokens/s", "vs sync", "rollout s", "update s",
-                "push s", "learner wait s", "lag max/mean"):
-        grid.add_column(col, justify="right")
-    for r in rows:
-        grid.add_row(r.schedule, r.setup, f"{r.step_time:.0f}", f"{r.rollouts_per_s:.2f}", f"{r.tokens_per_s:.0f}",
-                     f"{r.vs_sync:.2f}x", f"{r.time_rollout:.0f}", f"{r.time_update:.0f}",
-                     f"{r.time_weight_sync:.1f}", f"{r.learner_wait_s:.0f}",
-                     f"{r.policy_lag_max}/{r.policy_lag_mean:.2f}")
-    console.print(grid)
-    for key, text in sim.assumptions(stage, shard).items():
-        console.print(f"  {key}: {text}")
-    console.print("  published async/sync throughput: " + "; ".join(f"{k} {v}" for k, v in sim.PUBLISHED) +
-                  " (each on its own model, lengths and GPUs)")
-
-
-def _calibrate(console, sync_run, measured, db, contention, skip, rollouts_per_step, max_staleness, partial, steps,
-               warmup) -> dict:
-    import dataclasses
-
-    from rich.table import Table
-
-    from . import calibrate as cal
-    from . import simulate as sim
-
-    try:
-        c = cal.measure_contention() if contention == "auto" else float(contention)
-    except ValueError as e:
-        raise click.UsageError(f"--contention takes a number or auto, not {contention!r}") from e
-    try:
-        base = cal.load_run(sync_run, db)
-        fit = cal.fit_sync(base, c, skip, rollouts_per_step)
-        preds = [cal.predict(fit, base)]
-        for spec in measured:
-            run = cal.load_run(spec, db)
-            sched = run.schedule()
-            sched = sim.Schedule(sched.max_staleness if max_staleness is None else max_staleness,
-                                 sched.partial if partial is None else partial)
-            preds.append(cal.predict(fit, run, sched))
-    except cal.CalibrationError as e:
-        raise click.ClickException(str(e)) from e
-    params = fit.describe()
-    console.print(f"fitted on {base.name} (steps {skip + 1}-{len(base.history)}; contention "
-                  f"{'measured here' if contention == 'auto' else 'given'}): " +
-                  ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in params.items()))
-    grid = Table(title="calibration: predicted against measured mean step time")
-    for col in ("run", "schedule", "steps", "measured s", "predicted s", "error", "contention that fits"):
-        grid.add_column(col, justify="right")
-    for p in preds:
-        grid.add_row(p.run, p.schedule, str(p.steps), f"{p.measured_step_time:.2f}", f"{p.predicted_step_time:.2f}",
-                     f"{p.error_pct:+.1f}%", "-" if p.contention_that_fits is None else f"{p.contention_that_fits:.2f}")
-    console.print(grid)
-    what_if = []
-    sync_time = None
-    for sched in (sim.Schedule(), *sim.SCHEDULES):
-        r = sim.simulate(fit.setup, sched, steps, warmup)
-        sync_time = sync_time or r.step_time
-        what_if.append({"schedule": sched.label, "step_time": r.step_time, "vs_sync": sync_time / r.step_time})
-    console.print("the fitted model under each schedule: " +
-                  "; ".join(f"{w['schedule']} {w['step_time']:.1f} s ({w['vs_sync']:.2f}x)" for w in what_if))
-    return {"fit": params, "predictions": [dataclasses.asdict(p) for p in preds], "what_if": what_if}
 
 
 def _recipe(cls, recipe: str, overrides: tuple[str, ...]):

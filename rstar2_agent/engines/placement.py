@@ -3,7 +3,7 @@
 The policies (`pick`, `grow`, `LengthModel`; what they mean is in replicas.py's docstring) are plain functions
 of the replicas' `Load`s. `Placement` is the bookkeeping around them, synchronous and without events, so that
 two drivers run the same code: ReplicaPool (replicas.py) over real engines, with asyncio futures, and the
-discrete-event simulator (rollout_sim.py), with simulated time.
+discrete-event simulator (rstar2_agent.bench.replicas_sim), with simulated time.
 
 A driver tells a `Placement` what happens to a trajectory (its `key`):
 - `arrive(key, prompt_tokens)`: a new trajectory; it is placed on a replica, or queued (FIFO) while none

@@ -27,7 +27,7 @@ context. Policies choose the replica for each new trajectory:
 KV capacity per replica is what the engine reports (vLLM's block count x block size, in-process or from an
 OpenAI-compatible server's /metrics), or `capacity_tokens` when given. The policies and all the waiting and
 reservation bookkeeping live in placement.py (`Placement`); the pool only maps its callbacks to asyncio
-futures. The simulator (rollout_sim.py) drives the same `Placement`, so both run the same code.
+futures. The simulator (bench/replicas_sim.py) drives the same `Placement`, so both run the same code.
 """
 
 from __future__ import annotations

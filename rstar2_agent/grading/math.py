@@ -127,7 +127,7 @@ def _whole_response(text: str, gold: str) -> MathGrade:
 class MathGrader:
     """`await grader.grade(response_text, gold)`; many at once, each cut at `timeout` seconds. What the integer
     fast path decides is answered in the calling process at once, never queued behind the pool (`fast=False`:
-    everything goes to math-verify, the baseline `rstar2 eval bench` measures it against). `extraction`: how the
+    everything goes to math-verify, the baseline `rstar2 bench grading` measures it against). `extraction`: how the
     answer is read (chat_format.EXTRACTIONS; a caller that learns the format later may set it before grading)."""
 
     def __init__(self, workers: int | None = None, timeout: float = 10.0, fast: bool = True,

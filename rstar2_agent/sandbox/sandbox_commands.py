@@ -1,4 +1,4 @@
-"""`rstar2 sandbox run|serve|bench`."""
+"""`rstar2 sandbox run|serve` (its benchmark: `rstar2 bench sandbox`)."""
 
 from __future__ import annotations
 
@@ -99,42 +99,3 @@ def serve_cmd(host: str, port: int, workers: int | None, max_queue, queue_timeou
         raise click.ClickException(str(e)) from e
 
 
-@sandbox_group.command("bench")
-@click.option("--quick", is_flag=True, help="A tenth of the calls: a smoke run, not figures to quote.")
-@workers_option
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write rows here.")
-def bench_cmd(quick: bool, workers: int | None, json_path: str | None) -> None:
-    """Fresh interpreter per call vs. our isolated pool, side by side."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from .pool_bench import ratios, run_bench
-
-    console = Console()
-
-    def progress(row):
-        console.log(f"{row.system:28} {row.workload:9} c={row.concurrency:<4} {row.calls_per_s:8.1f} calls/s "
-                    f"median {row.median_ms:7.1f} ms  p99 {row.p99_ms:7.1f} ms  ok {row.ok}/{row.calls}")
-
-    try:
-        rows = asyncio.run(run_bench(quick=quick, workers=workers, progress=progress))
-    except SandboxError as e:
-        raise click.ClickException(str(e)) from e
-    table = Table(title="rstar2 sandbox bench")
-    for col in ("workload", "concurrency", "system", "calls", "median ms", "p99 ms", "calls/s"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r.workload, str(r.concurrency), r.system, f"{r.ok}/{r.calls}", f"{r.median_ms:.1f}",
-                      f"{r.p99_ms:.1f}", f"{r.calls_per_s:.1f}")
-    console.print(table)
-    rt = Table(title="ratio (b)/(a)")
-    for col in ("workload", "concurrency", "calls/s ratio", "median latency ratio"):
-        rt.add_column(col)
-    rat = ratios(rows)
-    for x in rat:
-        rt.add_row(x["workload"], str(x["concurrency"]), f"{x['throughput_ratio']:.1f}x",
-                   f"{x['median_latency_ratio']:.3f}")
-    console.print(rt)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"rows": [dataclasses.asdict(r) for r in rows], "ratios": rat}, f, indent=2)

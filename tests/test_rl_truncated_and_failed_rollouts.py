@@ -1,5 +1,7 @@
-"""A turn cut by the engine's context (not the response budget) is a truncated rollout: with the real hf engine and
-SmolLM2, the loop ends it as `max_tokens` and RL rewards it 0, though the answer block it wrote grades right."""
+"""Two ways a rollout goes wrong in RL. A turn cut by the engine's context (not the response budget) is a truncated
+rollout: with the real hf engine and SmolLM2, the loop ends it as `max_tokens` and RL rewards it 0, though the answer
+block it wrote grades right. A step whose every rollout failed in the engine (a rollout server that is gone) stops
+the run with the engine's error, before any update."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`rstar2 engines bench`: engine tokens/s at 1 and 8 concurrent agent loops, and the loop's own overhead.
+"""`rstar2 bench engines`: engine tokens/s at 1 and 8 concurrent agent loops, and the loop's own overhead.
 
 For each engine, the same prompts run twice side by side: (bare) `engine.generate` on the rendered prompt,
 (loop) `run_agent` with one turn and the same sampling and seeds, so both generate the same tokens; the
@@ -14,10 +14,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ..agent import AgentConfig, run_agent
-from ..chat_format import ChatFormat
-from ..sandbox import LocalSandbox, SandboxConfig
-from .base import Engine, SamplingParams
+from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines.base import Engine, SamplingParams
+from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 
 QUESTIONS = [
     "What is the sum of the first 100 positive integers?",

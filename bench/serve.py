@@ -1,4 +1,4 @@
-"""`rstar2 serve bench`: `rstar2 serve` (vllm engine) against vLLM's own OpenAI server, side by side in one run.
+"""`rstar2 bench serve`: `rstar2 serve` (vllm engine) against vLLM's own OpenAI server, side by side in one run.
 
 Tools off: the same token-id prompts through `/v1/completions` (streaming, every request generating exactly
 `max_tokens`), at concurrency 1 and 16; output tokens/s and time to first token. Both servers are up at once
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from rstar2_agent.engines.engine_bench import QUESTIONS
+from rstar2_agent.bench.engines import QUESTIONS
 from rstar2_agent.processes import FateShare, end_tree
 
 log = logging.getLogger(__name__)

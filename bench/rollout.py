@@ -1,4 +1,4 @@
-"""`rstar2 train bench`: rollout throughput of an RL step against the bare engine, and one step's time split.
+"""`rstar2 bench rollout`: rollout throughput of an RL step against the bare engine, and one step's time split.
 
 Side by side in one process, on the recipe's engine (the in-process hf engine, or the Ray rollout workers):
 (rl) one step's rollouts through the agent loop: multi-turn, tool calls in the sandbox, each turn's prompt
@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from rstar2_agent.engines.base import SamplingParams
-
-from .rl import RLConfig, RLRun
+from rstar2_agent.train.rl import RLConfig, RLRun
 
 
 @dataclass

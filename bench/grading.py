@@ -1,4 +1,4 @@
-"""`rstar2 eval bench`'s grading part: a seeded corpus of (gold, response) pairs, and graded answers per second
+"""`rstar2 bench grading`: a seeded corpus of (gold, response) pairs, and graded answers per second
 through the integer fast path against math-verify in the process pool, side by side in one process.
 
 The corpus: golds from the benchmarks whose JSONL mirrors are in the data dirs (AIME24/25, HMMT25, MATH-500: every
@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rstar2_agent.chat_format import extract_answer
+from rstar2_agent.eval.benchmarks import get_benchmark
+from rstar2_agent.eval.benchmarks.base import data_dirs
 from rstar2_agent.grading.math import MathGrade, MathGrader, integer_verdict, verify_answer
-
-from .benchmarks import get_benchmark
-from .benchmarks.base import data_dirs
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`rstar2 train simulate`: a discrete-event model of RL steps, synchronous against bounded staleness.
+"""`rstar2 bench simulate step`: a discrete-event model of RL steps, synchronous against bounded staleness.
 
 One step of GRPO-RoC is: generate a batch of rollouts on the rollout engines, grade them, update the learner, push the
 new weights to the engines. The model follows each rollout and the learner through time:
@@ -30,6 +30,8 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field
+
+from .draws import poisson
 
 # ---------------------------------------------------------------- the paper's setup (arXiv 2508.20722, section 3-4)
 PAPER_GPUS = 64  # "64 MI300X GPUs" (abstract, section 3)
@@ -96,7 +98,7 @@ class Workload:
             return self.replay[j % len(self.replay)]
         rng = random.Random(seed * 1_000_003 + j)
         return [(min(float(self.max_tokens), max(1.0, rng.lognormvariate(math.log(self.median_tokens), self.sigma))),
-                 min(self.max_turns - 1, _poisson(rng, self.tool_calls))) for _ in range(self.batch)]
+                 min(self.max_turns - 1, poisson(rng, self.tool_calls))) for _ in range(self.batch)]
 
 
 @dataclass
@@ -182,16 +184,6 @@ class Result:
 
     def mean(self, name: str) -> float:
         return sum(getattr(s, name) for s in self.measured) / len(self.measured)
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    if mean <= 0:
-        return 0
-    limit, k, p = math.exp(-mean), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
 
 
 class _Replica:

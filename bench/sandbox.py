@@ -1,4 +1,4 @@
-"""`rstar2 sandbox bench`: our pool against a fresh interpreter per call, side by side in one run.
+"""`rstar2 bench sandbox`: our pool against a fresh interpreter per call, side by side in one run.
 
 (a) baseline: what code-judge does, a new `python3` process per call (the program in a file, rlimits set
     between fork and exec, output captured); (b) the LocalSandbox pool with isolation on.
@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .pool import LocalSandbox, SandboxConfig
-from .types import ExecResult, Limits, Status
+from rstar2_agent.sandbox.pool import LocalSandbox, SandboxConfig
+from rstar2_agent.sandbox.types import ExecResult, Limits, Status
 
 NUMPY_CODE = """import numpy as np
 a = np.random.default_rng(0).random((120, 120))

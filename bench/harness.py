@@ -1,4 +1,4 @@
-"""`rstar2 eval bench`: what the harness costs on top of the engine (grading's figures: grading_bench.py).
+"""`rstar2 bench eval`: what the harness costs on top of the engine (grading's figures: `rstar2 bench grading`).
 
 Harness against the bare engine, side by side in one process: the same prompts, sampling and per-sample
 seeds, every sample generating exactly max_tokens (ignore_eos, tools off, so both do the same work): (bare)
@@ -16,12 +16,11 @@ from pathlib import Path
 
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import Engine, SamplingParams
+from rstar2_agent.eval.benchmarks import Benchmark, Context, Problem
+from rstar2_agent.eval.benchmarks.base import sample_seed
+from rstar2_agent.eval.runner import EvalConfig, make_agent, run_benchmark
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.store import Store
-
-from .benchmarks import Benchmark, Context, Problem
-from .benchmarks.base import sample_seed
-from .runner import EvalConfig, make_agent, run_benchmark
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Calibrating `rstar2 train simulate` on measured runs: fit the model on a synchronous run, predict the others.
+"""Calibrating `rstar2 bench simulate step` on measured runs: fit the model on a synchronous run, predict the others.
 
 A run is read from a `history.json` (the list of per-step metric dicts `run_rl` returns and `rstar2 train ablation`
 writes), from a run folder holding one (and its `recipe.yaml`), or from the store by run name (its metrics, and its
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .simulate import Engine, Learner, Result, Schedule, Setup, Workload, simulate
+from .step_sim import Engine, Learner, Result, Schedule, Setup, Workload, simulate
 
 DEFAULT_SLOTS = 64  # RLRun's vLLM engine default max_num_seqs
 ASSUME_SIGMA_WITHOUT_ROLLOUTS = 0.5  # lognormal shape of the lengths when only the per-step mean is known (assumption)
@@ -98,8 +98,7 @@ def _read_history(path: Path) -> list[dict[str, float]]:
 
 def _from_store(name: str, db: str | None, required: bool) -> tuple[list[dict[str, float]], dict[int, list[Rollout]]]:
     from rstar2_agent.store import Store, StoreError
-
-    from .report import metrics_by_step
+    from rstar2_agent.train.report import metrics_by_step
 
     try:
         store = Store(db)
@@ -214,9 +213,9 @@ def _draw(n: int, mean: float, calls: float, cap: float, rng: random.Random) -> 
     """n lengths with this mean (lognormal shape ASSUME_SIGMA_WITHOUT_ROLLOUTS, cut at cap) and Poisson calls."""
     raw = [rng.lognormvariate(0.0, ASSUME_SIGMA_WITHOUT_ROLLOUTS) for _ in range(n)]
     f = mean / (sum(raw) / n)
-    from .simulate import _poisson
+    from .draws import poisson
 
-    return [(min(cap, max(1.0, x * f)), _poisson(rng, calls)) for x in raw]
+    return [(min(cap, max(1.0, x * f)), poisson(rng, calls)) for x in raw]
 
 
 def _rollout_times(wl: Workload, engine: Engine) -> list[float]:

@@ -38,7 +38,9 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .placement import LengthModel, Placement
+from rstar2_agent.engines.placement import LengthModel, Placement
+
+from .draws import poisson
 
 
 @dataclass
@@ -308,7 +310,7 @@ def longtail(n: int, seed: int = 0, *, group: int = 16, budget: int = 12_288, ma
             total = budget if rng.random() < 0.4 else rng.randint(8_000, budget)
         else:
             total = int(min(rng.lognormvariate(math.log(1_000 + 2_500 * hard), 0.5), 8_000))
-        turns = min(max_turns, 1 + _poisson(rng, 0.5 + total / 1_500))
+        turns = min(max_turns, 1 + poisson(rng, 0.5 + total / 1_500))
         inserted = [int(min(rng.lognormvariate(math.log(60), 0.8), 600)) for _ in range(turns - 1)]
         generated = max(total - sum(inserted), 20 * turns)
         weights = [rng.expovariate(1.0) for _ in range(turns)]
@@ -316,14 +318,6 @@ def longtail(n: int, seed: int = 0, *, group: int = 16, budget: int = 12_288, ma
         tool_s = [10.0 if rng.random() < 0.02 else rng.lognormvariate(math.log(0.15), 1.0) for _ in range(turns - 1)]
         out.append(Rollout(prompt, split, inserted, tool_s))
     return out
-
-
-def _poisson(rng: random.Random, lam: float) -> int:
-    k, p, limit = 0, rng.random(), math.exp(-lam)
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
 
 
 def from_trajectory(d: dict, tokens_per_char: float = 0.3) -> Rollout:
@@ -341,7 +335,7 @@ def recorded(n: int, seed: int = 0, db: str | None = None) -> list[Rollout]:
     """N rollouts resampled from recorded trajectories: those in the store at `db`, else a built-in sample
     of the embedded SmolLM2 on math questions (recorded_sample.py)."""
     if db is not None:
-        from ..store import Store, TrajectoryRow
+        from rstar2_agent.store import Store, TrajectoryRow
 
         store = Store(db)
         try:
@@ -352,7 +346,7 @@ def recorded(n: int, seed: int = 0, db: str | None = None) -> list[Rollout]:
         if not shapes:
             raise ValueError(f"the store {db} has no trajectories; run an eval first, or use --workload longtail")
     else:
-        from .recorded_sample import SMOLLM2_SAMPLE
+        from rstar2_agent.engines.recorded_sample import SMOLLM2_SAMPLE
 
         shapes = [Rollout(p, list(t), list(i), list(s)) for p, t, i, s in SMOLLM2_SAMPLE]
     rng = random.Random(seed)

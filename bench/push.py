@@ -1,4 +1,4 @@
-"""`rstar2 train bench-push`: seconds per weight push to the Ray rollout workers, by the collective against
+"""`rstar2 bench push`: seconds per weight push to the Ray rollout workers, by the collective against
 through Ray's object store, side by side in one process.
 
 One learner group and one set of rollout workers (hf engines on CPU; the same code path as `distributed: ray`)
@@ -43,9 +43,8 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.weight_sync import nbytes
     from rstar2_agent.models import resolve_model
-
-    from .learner.ray_group import LearnerGroup, RayConfig, start_rollout
-    from .learner.model import OptimConfig
+    from rstar2_agent.train.learner.model import OptimConfig
+    from rstar2_agent.train.learner.ray_group import LearnerGroup, RayConfig, start_rollout
 
     resolved = resolve_model(model)
     cfg = RayConfig(learners=1, cpus_per_learner=cpus, rollout_workers=workers, cpus_per_rollout_worker=cpus,

@@ -1,0 +1,464 @@
+"""`rstar2 bench`: every benchmark, simulator and calibration, each measured side by side against its baseline in
+one process (ratios, not absolute timings): engines, sandbox, serve, eval, grading, rollout, push, gpu, and the
+simulators `rstar2 bench simulate step|replicas`. Figures and their commands: docs/results.md."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import click
+
+from rstar2_agent.sandbox.sandbox_commands import workers_option
+
+
+@click.group("bench")
+def bench_group() -> None:
+    """Benchmarks, simulators and calibration (each against its baseline, side by side)."""
+
+
+@bench_group.group("simulate")
+def simulate_group() -> None:
+    """Simulators: one RL step at the paper's scale (`step`), rollout placement over engine replicas (`replicas`)."""
+
+
+@bench_group.command("engines")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--engine", "kinds", multiple=True, type=click.Choice(["hf", "vllm"]), default=("hf", "vllm"),
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(8), default=128, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+def engines_bench_cmd(model, kinds, max_tokens, rounds) -> None:
+    """Tokens/s at 1 and 8 concurrent loops per engine, and the agent loop's overhead over the bare engine."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.engines import make_engine
+    from rstar2_agent.models import resolve_model
+
+    from .engines import bench_engine
+
+    resolved = resolve_model(model)
+    console = Console()
+
+    async def go():
+        rows = []
+        for kind in kinds:
+            with console.status(f"starting {kind} ..."):
+                engine = make_engine(kind, resolved.path, context_length=min(resolved.spec.context_length, 4096))
+            try:
+                rows += await bench_engine(engine, kind, max_tokens=max_tokens, rounds=rounds)
+            finally:
+                await engine.close()
+            console.log(f"{kind} done")
+        return rows
+
+    rows = asyncio.run(go())
+    table = Table(title=f"engines on {resolved.spec.name}: generated tokens/s")
+    for col in ("engine", "concurrent loops", "requests", "tokens", "bare engine tok/s", "agent loop tok/s",
+                "wall-clock overhead", "loop's own time"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.engine, str(r.concurrency), str(r.requests), str(r.tokens), f"{r.bare_tok_s:.1f}",
+                      f"{r.loop_tok_s:.1f}", f"{r.overhead * 100:+.1f}%", f"{r.loop_own * 100:.2f}%")
+    console.print(table)
+
+
+@bench_group.command("sandbox")
+@click.option("--quick", is_flag=True, help="A tenth of the calls: a smoke run, not figures to quote.")
+@workers_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write rows here.")
+def sandbox_cmd(quick: bool, workers: int | None, json_path: str | None) -> None:
+    """Fresh interpreter per call vs. our isolated pool, side by side."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.sandbox import SandboxError
+
+    from .sandbox import ratios, run_bench
+
+    console = Console()
+
+    def progress(row):
+        console.log(f"{row.system:28} {row.workload:9} c={row.concurrency:<4} {row.calls_per_s:8.1f} calls/s "
+                    f"median {row.median_ms:7.1f} ms  p99 {row.p99_ms:7.1f} ms  ok {row.ok}/{row.calls}")
+
+    try:
+        rows = asyncio.run(run_bench(quick=quick, workers=workers, progress=progress))
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+    table = Table(title="rstar2 bench sandbox")
+    for col in ("workload", "concurrency", "system", "calls", "median ms", "p99 ms", "calls/s"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.workload, str(r.concurrency), r.system, f"{r.ok}/{r.calls}", f"{r.median_ms:.1f}",
+                      f"{r.p99_ms:.1f}", f"{r.calls_per_s:.1f}")
+    console.print(table)
+    rt = Table(title="ratio (b)/(a)")
+    for col in ("workload", "concurrency", "calls/s ratio", "median latency ratio"):
+        rt.add_column(col)
+    rat = ratios(rows)
+    for x in rat:
+        rt.add_row(x["workload"], str(x["concurrency"]), f"{x['throughput_ratio']:.1f}x",
+                   f"{x['median_latency_ratio']:.3f}")
+    console.print(rt)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": [dataclasses.asdict(r) for r in rows], "ratios": rat}, f, indent=2)
+
+
+@bench_group.command("serve")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--requests", type=click.IntRange(1), default=8, show_default=True,
+              help="Requests per measurement (at least the concurrency: 16 at concurrency 16).")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Alternating measurement rounds; the ratio is reported as the median and range over rounds.")
+@click.option("--request-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds a request may take (half of it without a byte) before it counts as an error.")
+def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> None:
+    """rstar2 serve against vLLM's own OpenAI server: tokens/s and time to first token; tool-call overhead."""
+    import statistics
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2_agent.models import resolve_model
+
+    from .serve import run_bench, summarize
+
+    resolved = resolve_model(model)
+    console = Console()
+    with console.status("starting vLLM's server and rstar2 serve, then alternating rounds ..."):
+        rows, (extra_ms, own_ms, n) = run_bench(resolved.path, max_tokens=max_tokens, requests=requests,
+                                                rounds=rounds, request_timeout=request_timeout)
+    table = Table(title=f"serving {resolved.spec.name}, tools off (/v1/completions, streaming), median of "
+                        f"{rounds} rounds")
+    for col in ("server", "concurrency", "requests", "output tok/s", "TTFT median ms", "TTFT p90 ms", "errors"):
+        table.add_column(col)
+    summary = summarize(rows)
+    for _, *median, _ in summary:
+        for r in median:
+            table.add_row(r.server, str(r.concurrency), str(r.requests), f"{r.tokens_per_s:.1f}",
+                          f"{r.ttft_median_ms:.0f}", f"{r.ttft_p90_ms:.0f}", str(r.errors))
+    console.print(table)
+    for conc, _, _, ratios in summary:
+        console.print(f"concurrency {conc}: rstar2 serve / vLLM throughput = {statistics.median(ratios):.3f} "
+                      f"(per round: {', '.join(f'{x:.3f}' for x in ratios)})")
+    for server in sorted({r.server for r in rows}):
+        mine = [r for r in rows if r.server == server]
+        console.print(f"{server}: {sum(r.errors for r in mine)} failed or timed-out requests of "
+                      f"{sum(r.requests for r in mine)}")
+    console.print(f"tools on: a tool call adds {extra_ms:.1f} ms beyond the program's own {own_ms:.1f} ms "
+                  f"(median over {n} requests)")
+
+
+@bench_group.command("eval")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)
+@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+              help="Where aime24.jsonl is (its problems are used; the benchmarks' golds there join the grading "
+                   "corpus); default: generated synthetic problems.")
+@click.option("--problems", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--n", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(8), default=256, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
+              help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
+@click.option("--grading-only", is_flag=True, help="Only the grading figures (no engine).")
+def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers, grading_only) -> None:
+    """The harness's wall time against the bare engine on the same samples; graded answers per second through the
+    integer fast path against math-verify in the process pool, and their agreement on a corpus."""
+    import asyncio
+
+    from rich.console import Console
+
+    from rstar2_agent.chat_format import ChatFormat
+    from rstar2_agent.engines import make_engine
+    from rstar2_agent.eval.benchmarks import get_benchmark
+    from rstar2_agent.models import resolve_model
+
+    from .grading import bench_grading
+    from .harness import bench_harness
+
+    console = Console()
+    resolved = None if grading_only else resolve_model(model)
+
+    async def go():
+        row = None
+        if not grading_only:
+            bench = get_benchmark("aime24" if data_dir else "synth")
+            probs = bench.load(data_dir, problems)
+            with console.status(f"starting {engine} ..."):
+                eng = make_engine(engine, resolved.path, context_length=min(resolved.spec.context_length, 4096))
+            try:
+                row = await bench_harness(eng, ChatFormat(eng.tokenizer, "hermes"), bench, probs, n, max_tokens,
+                                          concurrency, rounds)
+            finally:
+                await eng.close()
+        with console.status("grading ..."):
+            return row, await bench_grading(answers, min(answers, 2_000), data_dir=data_dir)
+
+    row, grading = asyncio.run(go())
+    if row is not None:
+        console.print(f"harness vs bare {engine} engine ({resolved.spec.name}): {row.samples} samples x {max_tokens} "
+                      f"tokens, concurrency {concurrency}, {rounds} rounds")
+        console.print(f"  bare engine {row.bare_s:.2f} s ({row.tokens / row.bare_s:.1f} tok/s), harness "
+                      f"{row.harness_s:.2f} s ({row.tokens / row.harness_s:.1f} tok/s): "
+                      f"harness / bare = {row.ratio:.3f}")
+    for g in grading:
+        console.print(f"grading {g.name} ({g.answers} answers, {g.decided} decided by the fast path): with the fast "
+                      f"path {g.fast_per_s:.0f} answers/s, math-verify in the pool only {g.pool_per_s:.0f} answers/s "
+                      f"({g.ratio:.1f}x); same verdicts on {g.agree}/{g.answers}", soft_wrap=True)
+        for pair, fast, pool in g.differ[:20]:
+            console.print(f"  differs: gold {pair.gold!r}, answer {fast.predicted!r} ({pair.kind}): with the fast "
+                          f"path {fast.correct}, math-verify {pool.correct} ({pool.error or 'no error'})",
+                          soft_wrap=True)
+
+
+@bench_group.command("grading")
+@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+              help="Benchmark mirrors whose golds join the grading corpus; default: generated answers only.")
+@click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
+              help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
+@click.pass_context
+def grading_cmd(ctx, data_dir, answers) -> None:
+    """Graded answers per second through the integer fast path against math-verify in the process pool, and their
+    agreement on a corpus (`rstar2 bench eval --grading-only`)."""
+    ctx.invoke(eval_cmd, data_dir=data_dir, answers=answers, grading_only=True)
+
+
+@bench_group.command("rollout", context_settings={"ignore_unknown_options": True})
+@click.option("--recipe", default="rl-smollm2-cpu", show_default=True,
+              help="A YAML file, or a recipe name in train/recipes/ (its first stage's settings are used).")
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+@click.argument("overrides", nargs=-1)
+def rollout_cmd(recipe, rounds, overrides) -> None:
+    """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
+    import asyncio
+
+    from rstar2_agent.train.rl import RLConfig
+
+    from .rollout import bench_rollout
+
+    cfg = _recipe(RLConfig, recipe, overrides)
+    row = asyncio.run(bench_rollout(cfg, rounds))
+    click.echo(f"{row.rollouts} rollouts; bare engine tok/s per round: {', '.join(f'{x:.1f}' for x in row.bare_tok_s)}"
+               f"; RL rollout tok/s: {', '.join(f'{x:.1f}' for x in row.rl_tok_s)}")
+    click.echo(f"RL rollout / bare engine throughput (best rounds): {row.ratio:.3f}")
+    click.echo("one step: " + ", ".join(f"{k.removeprefix('time_')} {v:.1f} s" for k, v in row.split.items()))
+
+
+@bench_group.command("push")
+@click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Ray rollout workers.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--bucket-mb", type=float, default=256.0, show_default=True, help="The collective's bucket size.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
+def push_cmd(model, workers, rounds, bucket_mb, json_file) -> None:
+    """Seconds per weight push to the Ray rollout workers (local cluster, CPU): collective against object store."""
+    import asyncio
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from .push import bench_push
+
+    row = asyncio.run(bench_push(model, workers, rounds, bucket_mb=bucket_mb))
+    click.echo(f"{model}, {row.megabytes:.0f} MiB to {workers} rollout workers, {rounds} rounds")
+    for mode, secs in row.seconds.items():
+        click.echo(f"{mode:>12}: {', '.join(f'{x:.2f}' for x in secs)} s (median {row.median(mode):.2f} s)")
+    click.echo(f"object store / collective seconds per push (medians): {row.ratio:.2f}")
+    if json_file:
+        Path(json_file).write_text(json.dumps({**asdict(row), "ratio": row.ratio}, indent=1))
+
+
+@bench_group.command("gpu", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                              "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def gpu_cmd(args) -> None:
+    """The GPU check (learner step, generation, logprob parity) on this machine's accelerator; its options are
+    bench/gpu_check.py's (`rstar2 bench gpu --help`), e.g. --out gpu.json, --tiny --device cpu."""
+    from .gpu_check import main
+
+    raise SystemExit(main(list(args)))
+
+
+def _recipe(cls, recipe: str, overrides: tuple[str, ...]):
+    """The recipe (a YAML file or a name in train/recipes/) with key=value overrides, as a `cls` dataclass."""
+    from rstar2_agent.train.recipe import RecipeError, load
+
+    try:
+        return load(cls, recipe, overrides)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from e
+
+
+@simulate_group.command("step")
+@click.option("--stage", type=click.Choice(["1", "2", "3"]), default="1", show_default=True,
+              help="The paper's RL stage whose budget (8K or 12K tokens, 10 or 15 turns) the table simulates.")
+@click.option("--steps", type=click.IntRange(2), default=7, show_default=True,
+              help="Learner steps simulated per row; the first --warmup are left out of the means.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn rollouts.")
+@click.option("--shard", type=click.Choice(["1", "2", "4", "8", "16"]), default="8", show_default=True,
+              help="Simulate 1/SHARD of the GPUs and prompts (the scheduler spreads them evenly); 1: all of them.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
+@click.option("--calibrate", "sync_run", default=None,
+              help="Instead: fit the model on this synchronous run (a history.json, a run folder, or a run name in "
+                   "the store) and predict --measured runs.")
+@click.option("--measured", multiple=True,
+              help="A run to predict with the fitted model (repeatable); its schedule from its recipe.yaml or below.")
+@click.option("--db", default=None, help="The store (SQLite file or SQLAlchemy URL) of the runs' metrics and rollouts.")
+@click.option("--contention", default="auto", show_default=True,
+              help="Slow-down when learner and engine overlap on one machine: a number (0 none, 1 half speed each), "
+                   "or auto to measure it here.")
+@click.option("--skip", type=click.IntRange(0), default=1, show_default=True,
+              help="Leave out each run's first steps (start-up) from the fit and the comparison.")
+@click.option("--rollouts-per-step", type=click.IntRange(1), default=None,
+              help="When neither a recipe.yaml nor the store tells it.")
+@click.option("--max-staleness", type=click.IntRange(0), default=None, help="The --measured runs' schedule.")
+@click.option("--partial/--no-partial", default=None, help="The --measured runs' partial rollouts.")
+def step_cmd(stage, steps, warmup, seed, shard, json_out, sync_run, measured, db, contention, skip,
+                 rollouts_per_step, max_staleness, partial) -> None:
+    """One RL step of the paper's setup (64 MI300X, Qwen3-14B, 512 x 32 rollouts), simulated under the synchronous
+    schedule and bounded staleness, with and without partial rollouts: step time, throughput, ratio to sync. With
+    --calibrate: fit the model on a measured synchronous run and report how well it predicts the --measured runs."""
+    from rich.console import Console
+
+    from . import step_sim as sim
+
+    console = Console(width=160)
+    if sync_run:
+        result = _calibrate(console, sync_run, measured, db, contention, skip, rollouts_per_step, max_staleness,
+                            partial, steps, warmup)
+    else:
+        rows = sim.paper_table(int(stage), steps, warmup, seed, int(shard))
+        _paper_table(console, rows, int(stage), int(shard))
+        result = sim.as_json(rows, int(stage), {"steps": steps, "warmup": warmup, "seed": seed, "shard": int(shard)})
+    if json_out:
+        from pathlib import Path
+
+        Path(json_out).write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {json_out}")
+
+
+def _paper_table(console, rows, stage: int, shard: int) -> None:
+    from rich.table import Table
+
+    from . import step_sim as sim
+
+    grid = Table(title=f"One RL step at the paper's scale, stage {stage} (simulated; assumptions below)")
+    for col in ("schedule", "GPUs", "step s", "rollouts/s", "tokens/s", "vs sync", "rollout s", "update s",
+                "push s", "learner wait s", "lag max/mean"):
+        grid.add_column(col, justify="right")
+    for r in rows:
+        grid.add_row(r.schedule, r.setup, f"{r.step_time:.0f}", f"{r.rollouts_per_s:.2f}", f"{r.tokens_per_s:.0f}",
+                     f"{r.vs_sync:.2f}x", f"{r.time_rollout:.0f}", f"{r.time_update:.0f}",
+                     f"{r.time_weight_sync:.1f}", f"{r.learner_wait_s:.0f}",
+                     f"{r.policy_lag_max}/{r.policy_lag_mean:.2f}")
+    console.print(grid)
+    for key, text in sim.assumptions(stage, shard).items():
+        console.print(f"  {key}: {text}")
+    console.print("  published async/sync throughput: " + "; ".join(f"{k} {v}" for k, v in sim.PUBLISHED) +
+                  " (each on its own model, lengths and GPUs)")
+
+
+def _calibrate(console, sync_run, measured, db, contention, skip, rollouts_per_step, max_staleness, partial, steps,
+               warmup) -> dict:
+    import dataclasses
+
+    from rich.table import Table
+
+    from . import calibrate as cal
+    from . import step_sim as sim
+
+    try:
+        c = cal.measure_contention() if contention == "auto" else float(contention)
+    except ValueError as e:
+        raise click.UsageError(f"--contention takes a number or auto, not {contention!r}") from e
+    try:
+        base = cal.load_run(sync_run, db)
+        fit = cal.fit_sync(base, c, skip, rollouts_per_step)
+        preds = [cal.predict(fit, base)]
+        for spec in measured:
+            run = cal.load_run(spec, db)
+            sched = run.schedule()
+            sched = sim.Schedule(sched.max_staleness if max_staleness is None else max_staleness,
+                                 sched.partial if partial is None else partial)
+            preds.append(cal.predict(fit, run, sched))
+    except cal.CalibrationError as e:
+        raise click.ClickException(str(e)) from e
+    params = fit.describe()
+    console.print(f"fitted on {base.name} (steps {skip + 1}-{len(base.history)}; contention "
+                  f"{'measured here' if contention == 'auto' else 'given'}): " +
+                  ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in params.items()))
+    grid = Table(title="calibration: predicted against measured mean step time")
+    for col in ("run", "schedule", "steps", "measured s", "predicted s", "error", "contention that fits"):
+        grid.add_column(col, justify="right")
+    for p in preds:
+        grid.add_row(p.run, p.schedule, str(p.steps), f"{p.measured_step_time:.2f}", f"{p.predicted_step_time:.2f}",
+                     f"{p.error_pct:+.1f}%", "-" if p.contention_that_fits is None else f"{p.contention_that_fits:.2f}")
+    console.print(grid)
+    what_if = []
+    sync_time = None
+    for sched in (sim.Schedule(), *sim.SCHEDULES):
+        r = sim.simulate(fit.setup, sched, steps, warmup)
+        sync_time = sync_time or r.step_time
+        what_if.append({"schedule": sched.label, "step_time": r.step_time, "vs_sync": sync_time / r.step_time})
+    console.print("the fitted model under each schedule: " +
+                  "; ".join(f"{w['schedule']} {w['step_time']:.1f} s ({w['vs_sync']:.2f}x)" for w in what_if))
+    return {"fit": params, "predictions": [dataclasses.asdict(p) for p in preds], "what_if": what_if}
+
+
+@simulate_group.command("replicas")
+@click.option("--replicas", default="8,64", show_default=True, help="Replica counts, comma-separated.")
+@click.option("--rollouts", type=click.IntRange(1), default=16384, show_default=True,
+              help="Rollouts in the step (paper: 512 prompts x 32, RoC's oversampling of 2 x 16).")
+@click.option("--workload", type=click.Choice(["longtail", "recorded"]), default="longtail", show_default=True,
+              help="longtail: shaped like the paper's; recorded: resampled from --db (default: a SmolLM2 sample).")
+@click.option("--db", default=None, help="A store (path or SQLAlchemy URL) for --workload recorded.")
+@click.option("--kv-tokens", type=click.IntRange(1), default=500_000, show_default=True, help="KV cache per replica.")
+@click.option("--budget", type=click.IntRange(1), default=12_288, show_default=True,
+              help="Max response tokens of a rollout.")
+@click.option("--reserve", type=click.IntRange(1), default=None,
+              help="Also run kv_aware overbooked: each rollout reserves prompt + this many tokens.")
+@click.option("--quantile", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.9,
+              show_default=True, help="Adaptive kv_aware: reserve up to this quantile of the learned lengths.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the results here.")
+def replicas_cmd(replicas, rollouts, workload, db, kv_tokens, budget, reserve, quantile, seed,
+                         json_out) -> None:
+    """Simulate one RL step of multi-turn rollouts over engine replicas under each placement policy."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import replicas_sim as sim
+
+    counts = [int(x) for x in replicas.split(",") if x.strip()]
+    try:
+        def step(s: int) -> list:
+            return sim.longtail(rollouts, s, budget=budget) if workload == "longtail" else sim.recorded(rollouts, s, db)
+
+        # "later step": the adaptive pool has learned from the step before (the same workload, another seed)
+        rows = sim.compare(step(seed), counts, sim.SimConfig(kv_tokens=kv_tokens, budget=budget), reserve, quantile,
+                           prior=step(seed + 1))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    table = Table(title=f"one step of {rollouts} {workload} rollouts, {kv_tokens} KV tokens a replica")
+    for col in ("replicas", "policy", "makespan s", "vs static", "idle %", "preemptions", "recomputed tokens",
+                "pool waits", "overflows"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    static = {r.replicas: r.makespan for label, r in rows if label == "static"}
+    for label, r in rows:
+        table.add_row(str(r.replicas), label, f"{r.makespan:.0f}", f"{r.makespan / static[r.replicas] - 1:+.0%}",
+                      f"{r.idle * 100:.1f}", str(r.preemptions), str(r.recomputed), str(r.waits), str(r.overflows))
+    Console().print(table)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump([{"label": label, **r.to_dict()} for label, r in rows], f, indent=1)
