@@ -89,7 +89,11 @@ class RLConfig:
     # weights (rollout_engine: vllm, or distributed: ray)
     max_staleness: int = 0
     partial_rollouts: bool = False  # a push interrupts the generations in flight, which go on with the new weights
-    micro_batch: int = 8  # trajectories per forward pass
+    micro_batch: int = 8  # trajectories per forward pass (when micro_batch_tokens is 0)
+    # tokens per forward pass: trajectories packed without padding up to this budget (0: micro_batch trajectories,
+    # right-padded to the longest); the learner's activation memory follows it, not the longest rollout
+    micro_batch_tokens: int = 0
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
     sandbox_workers: int = 2  # warm sandbox workers in this process (distributed: ray uses ray.sandbox_workers)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
