@@ -22,6 +22,7 @@ from rstar2_agent.chat_format import (
     extract_answer,
     validate_arguments,
 )
+from rstar2_agent.engines.base import call_seed
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import Trajectory, Turn
 
@@ -64,7 +65,8 @@ class ChatAPIAgent:
                 resp = await self.client.chat.completions.create(
                     model=await self._model(), messages=messages, tools=tools or openai.NOT_GIVEN,
                     temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                    max_tokens=min(cfg.sampling.max_tokens, room), seed=seed if seed is not None else openai.NOT_GIVEN)
+                    max_tokens=min(cfg.sampling.max_tokens, room),
+                    seed=openai.NOT_GIVEN if seed is None else call_seed(seed, turn_index))
             except openai.OpenAIError as e:
                 traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
                 break

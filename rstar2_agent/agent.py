@@ -24,7 +24,7 @@ from .chat_format import (
     extract_answer,
     format_result,
 )
-from .engines.base import Engine, EngineError, SamplingParams
+from .engines.base import Engine, EngineError, SamplingParams, call_seed
 from .engines.scope import one_trajectory
 from .sandbox import release_tool
 from .sandbox.release_tool import RELEASE_TOOL
@@ -69,6 +69,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else fmt.render_prompt(prompt, tools))
     emit = on_event or (lambda kind, payload: None)
     stops = list(dict.fromkeys([*cfg.sampling.stop, *fmt.protocol.stop]))
+    calls_made = 0  # generations so far: each gets its own seed (call_seed)
     for turn_index in range(cfg.max_turns):
         room = min(cfg.max_response_tokens - len(traj.response_ids),
                    engine.context_length - len(traj.prompt_ids) - len(traj.response_ids))
@@ -84,7 +85,9 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             while True:  # one assistant turn; resumed when a stop string ended it without a call
                 turn_stops = stops if resumes < MAX_RESUMES else [s for s in stops if s not in fmt.protocol.soft_stop]
                 sampling = dataclasses.replace(cfg.sampling, max_tokens=min(cfg.sampling.max_tokens, room - len(
-                    turn_ids)), stop=turn_stops, stop_token_ids=[*cfg.sampling.stop_token_ids, *fmt.stop_token_ids])
+                    turn_ids)), stop=turn_stops, stop_token_ids=[*cfg.sampling.stop_token_ids, *fmt.stop_token_ids],
+                    seed=call_seed(cfg.sampling.seed, calls_made))
+                calls_made += 1
                 gen = await engine.generate(traj.prompt_ids + traj.response_ids + turn_ids, sampling,
                                             on_tokens=decoder.feed if decoder else None)
                 turn_ids += gen.token_ids

@@ -217,15 +217,18 @@ def count_prompt(tokenizer) -> list[int]:
 class ScriptedEngine:
     """A fake engine: answers each generate() with the next scripted text (SmolLM2's tokenizer) and the end of
     turn, so the real agent loop, chat format, parser and sandbox run on known model output (SmolLM2 does not
-    write these calls by itself)."""
+    write these calls by itself). `seeds`: the sampling seed of every call, in order."""
 
     name, context_length = "scripted", 8192
 
     def __init__(self, tokenizer, texts: list[str]):
         self.tokenizer, self.texts = tokenizer, list(texts)
+        self.seeds: list[int | None] = []
 
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         from rstar2_agent.engines.base import Generation
+
+        self.seeds.append(sampling.seed)
 
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
         return Generation(ids, [0.0] * len(ids), "stop")

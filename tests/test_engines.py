@@ -10,7 +10,7 @@ import pytest
 
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.engines.base import EngineError, SamplingParams
 
 from conftest import VLLM_CONTEXT
 from conftest import count_prompt as prompt
@@ -119,3 +119,21 @@ async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vl
     finally:
         await vllm_engine.load_weights(load_file(f"{vllm_engine.model_path}/model.safetensors"))
     assert same < 0.1 and fresh < 0.1 and stale > 5 * max(fresh, 0.02), (same, stale, fresh)
+
+
+def test_the_in_process_vllm_share_of_a_gpu_is_what_the_learner_left_free():
+    """vLLM checks at start that gpu_memory_utilization of the whole device is free. Beside a learner holding
+    60 of 80 GiB the default share is what is free less a margin, a share that cannot be free is refused before
+    vLLM loads (naming the setting that works and the one that does not), and an unused device keeps vLLM's
+    usual share. (Pure arithmetic on the figures torch would report: no GPU here.)"""
+    from rstar2_agent.engines.vllm import DEFAULT_GPU_SHARE, gpu_share
+
+    gib = 2**30
+    assert gpu_share(None, 80 * gib, 80 * gib) == DEFAULT_GPU_SHARE
+    assert gpu_share(None, 20 * gib, 80 * gib) == pytest.approx(0.20)
+    assert gpu_share(0.1, 20 * gib, 80 * gib) == 0.1
+    with pytest.raises(EngineError, match=r"at most 0\.20.*kv_cache_gib sizes the cache only on a CPU"):
+        gpu_share(0.85, 20 * gib, 80 * gib)
+    with pytest.raises(EngineError, match="distributed: ray"):
+        gpu_share(None, 3 * gib, 80 * gib)
+    assert gpu_share(0.5, 0, 0) == 0.5  # not measured (CUDA not initialized here): vLLM checks it itself

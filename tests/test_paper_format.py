@@ -11,6 +11,7 @@ import pytest
 
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.models import REGISTRY
 from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_TOOL, PaperProtocol
 from rstar2_agent.release_format import PROBLEM_PREFIX, ReleaseProtocol
@@ -186,3 +187,23 @@ def test_one_record_set_teaches_each_profile_its_own_turns(smol_tokenizer):
     assert paper.startswith("<|im_start|>system\nA conversation between User and Assistant.")
     hermes = smol_tokenizer.decode(render(ChatFormat(smol_tokenizer, "hermes"), record).ids)
     assert "Please reason step by step" in hermes and '"status": "success"' in hermes
+
+
+async def test_every_generation_of_a_trajectory_has_its_own_seed(smol_tokenizer, sandbox):
+    """A seeded trajectory's first call keeps its seed and each later turn gets another (one seed reused at every
+    turn would restart the engine's sampling noise there), derived so that neighbouring trajectories' seeds do not
+    replay each other's turns."""
+    async def trajectory_seeds(seed: int) -> list[int | None]:
+        engine = ScriptedEngine(smol_tokenizer, ["Count.\n" + call(PAPER_TOOL, "print(2)"),
+                                                 "Again.\n" + call(PAPER_TOOL, "print(3)"),
+                                                 "So 3.</reason>\n<answer>\\boxed{3}</answer>"])
+        sampling = SamplingParams(seed=seed)
+        traj = await run_agent("How many?", engine, sandbox, ChatFormat(smol_tokenizer, "rstar2-paper"),
+                               AgentConfig(max_turns=5, sampling=sampling))
+        assert traj.stop_reason == "answer"
+        return engine.seeds
+
+    first, second = await trajectory_seeds(7), await trajectory_seeds(8)
+    assert first[0] == 7 and second[0] == 8 and len(first) == 3
+    assert len(set(first + second)) == 6
+    assert await trajectory_seeds(7) == first  # derived, not drawn: a resumed run repeats them

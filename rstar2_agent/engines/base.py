@@ -23,6 +23,19 @@ class SamplingParams:
     ignore_eos: bool = False  # generate max_tokens whatever the model says (benchmarks)
 
 
+def call_seed(seed: int | None, call: int) -> int | None:
+    """The seed of a trajectory's `call`-th generation (0, 1, ... over its turns and resumes): the trajectory's own
+    seed for the first, then a different one per call, derived from both. One seed reused for every call would
+    restart the engine's sampling noise at each turn (the same random draws at turn 1 as at turn 0), and seed + call
+    would make trajectory s's second turn replay trajectory s + 1's first."""
+    if seed is None or call == 0:
+        return seed
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}/{call}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF  # non-negative 31-bit: every engine and server takes it
+
+
 @dataclass
 class Generation:
     token_ids: list[int]

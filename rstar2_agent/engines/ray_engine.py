@@ -65,9 +65,9 @@ class EngineActor:
 
     def device(self) -> str:
         """Where this worker receives pushed weights: its GPU when Ray gave it one, else the CPU."""
-        import torch
+        from ..devices import on_gpu
 
-        return "cuda" if self.kind == "vllm" and torch.cuda.is_available() else "cpu"
+        return "cuda" if self.kind == "vllm" and on_gpu() else "cpu"
 
     async def join_weight_group(self, host: str, port: int, rank: int, world: int, device: str,
                                 timeout_s: float) -> None:
@@ -161,8 +161,8 @@ class RayEngine(Engine):
                 raise EngineError(
                     f"rollout worker {self.index} died ({why}) after {self.restarts} replacements "
                     f"(max_worker_restarts={self.max_restarts}): its node is failing or its engine runs out of "
-                    f"memory; see `ray logs` for the worker, lower engine_options (kv_cache_gib, "
-                    f"gpu_memory_utilization) or rollout concurrency, or raise RayConfig.max_worker_restarts")
+                    f"memory; see `ray logs` for the worker, lower engine_options (gpu_memory_utilization on "
+                    f"a GPU, kv_cache_gib on a CPU) or rollout concurrency, or raise RayConfig.max_worker_restarts")
             self.restarts += 1
             log.warning("rollout worker %d died (%s): starting a replacement (%d/%d)", self.index, why,
                         self.restarts, self.max_restarts)

