@@ -219,7 +219,7 @@ class ScriptedEngine:
     turn, so the real agent loop, chat format, parser and sandbox run on known model output (SmolLM2 does not
     write these calls by itself). `seeds`: the sampling seed of every call, in order."""
 
-    name, context_length = "scripted", 8192
+    name, context_length, model_path = "scripted", 8192, "scripted"
 
     def __init__(self, tokenizer, texts: list[str]):
         self.tokenizer, self.texts = tokenizer, list(texts)

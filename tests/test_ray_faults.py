@@ -85,14 +85,17 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         assert max(abs(a - b) for a, b in zip(third[0].logprobs, second[0].logprobs, strict=False)) > 1e-4
         assert all(isinstance(w.weights, ray.ObjectRef) for w in workers)
 
-        # a worker that dies while idle is found by the next push by the collective: replaced, the group rebuilt,
-        # the push done once more; both workers then hold the new weights
+        # a worker that dies while idle is found by the next push by the collective before its broadcast (on NCCL
+        # a broadcast to a dead member would end in the watchdog's teardown of rank 0): replaced, the group rebuilt,
+        # no broadcast failed; both workers then hold the new weights
         run.learner.cfg.weight_push = "collective"
         idle = await workers[1].pid()
         os.kill(idle, signal.SIGKILL)
         run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
+        failed = run.learner.failed_broadcasts
         await run.sync_weights()
         assert workers[1].restarts == 1 and await workers[1].pid() != idle
+        assert run.learner.failed_broadcasts == failed
         fourth = [await w.generate(prompt, greedy) for w in workers]
         assert fourth[0].logprobs == pytest.approx(fourth[1].logprobs, abs=1e-4)
         assert max(abs(a - b) for a, b in zip(fourth[0].logprobs, third[0].logprobs, strict=False)) > 1e-4

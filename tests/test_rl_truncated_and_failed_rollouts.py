@@ -82,3 +82,22 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
             await rollouts.groups([("p1", "What is 2+2?", "4"), ("p2", "What is 3+3?", "6")], 2, Stage(steps=1), step=3)
     finally:
         await gone.close()
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+async def test_rollouts_are_seeded_by_their_key_unless_the_recipe_says_not(smol_tokenizer, sandbox, seeded):
+    """`seeded_rollouts` (the default): each rollout's first generation is seeded from its key, so a rerun step
+    samples the same rollouts; false: no seed at all (vLLM's batched sampler), at every turn."""
+    from rstar2_agent.train.rl import Stage
+
+    from conftest import ScriptedEngine
+
+    engine = ScriptedEngine(smol_tokenizer, ["<answer>4</answer>"] * 2)
+    rollouts = Rollouts(RLConfig(seeded_rollouts=seeded), ChatFormat(smol_tokenizer, "hermes"))
+    rollouts.attach(engine, sandbox, owns_engine=False)
+    await rollouts.rollout("What is 2+2?", Stage(steps=1, max_turns=1), "s0/p1/0")
+    await rollouts.rollout("What is 2+2?", Stage(steps=1, max_turns=1), "s0/p1/1")
+    if seeded:
+        assert None not in engine.seeds and len(set(engine.seeds)) == 2
+    else:
+        assert engine.seeds == [None, None]

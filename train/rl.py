@@ -74,6 +74,9 @@ class RLConfig:
     roc: bool = True  # False: plain GRPO on G rollouts per prompt, all used (the ablation)
     temperature: float = 1.0
     top_p: float = 1.0
+    # a seed per rollout (from its step, prompt and index): a rerun step samples the same rollouts. vLLM samples
+    # seeded requests one by one with their own generators, off its batched (FlashInfer) sampler: false at scale
+    seeded_rollouts: bool = True
     eps_low: float = 0.2
     eps_high: float = 0.28
     # the PPO ratio is against the learner's own logprobs of the rollouts (learner/update.py); `tis` also weights each

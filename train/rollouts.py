@@ -155,10 +155,12 @@ class Rollouts:
                      [[v.oldest for _, v in done[i * n:(i + 1) * n]] for i in range(len(prompts))], times)
 
     async def rollout(self, question: str, stage: Stage, key: str) -> Trajectory:
-        """One trajectory through the shared agent loop; its sampling seed is a function of `key`."""
+        """One trajectory through the shared agent loop; its sampling seed is a function of `key` (none without
+        `seeded_rollouts`)."""
         cfg = self.cfg
+        seed = zlib.crc32(key.encode()) & 0x7FFFFFFF if cfg.seeded_rollouts else None
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=stage.max_response_tokens,
-                                  seed=zlib.crc32(key.encode()) & 0x7FFFFFFF)
+                                  seed=seed)
         acfg = AgentConfig(max_turns=stage.max_turns, max_response_tokens=stage.max_response_tokens, sampling=sampling)
         return await run_agent(question, self.gate, self.sandbox, self.fmt, acfg)
 

@@ -14,9 +14,10 @@
   worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the FSDP group),
   each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once into
   Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
-  the last pushed weights, so that a rollout worker that died is replaced holding them (ray_engine.py); the
-  group is rebuilt at the next push, or at once when a push fails on a dead member (then the push is retried
-  once).
+  the last pushed weights, so that a rollout worker that died is replaced holding them (ray_engine.py). Every
+  push first pings every worker and replaces the dead (a broadcast that meets a dead member on NCCL ends in the
+  watchdog tearing down rank 0, which is also an FSDP rank); the group is rebuilt when its members changed, or at
+  once when a push fails anyway (a death during the push: then the push is retried once).
 
 `ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
 least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
@@ -220,6 +221,7 @@ class LearnerGroup:
         self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
         self.plan: list[Any] = []
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
+        self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
         # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
                          concurrency_groups={"weights": 1})(LearnerActor)
@@ -279,10 +281,12 @@ class LearnerGroup:
         from rstar2_agent.engines.ray_engine import ray_workers
 
         workers = ray_workers(engine)
+        await asyncio.gather(*(w.ensure_alive() for w in workers))  # the dead replaced before the broadcast
         try:
             await self._broadcast(workers)
         except Exception as e:  # noqa: BLE001 - a member died or stalled: replace the dead, rebuild, once more
             log.warning("weight push failed (%s): checking the rollout workers, rebuilding the group", e)
+            self.failed_broadcasts += 1
             self.members = None
             await asyncio.gather(*(w.ensure_alive() for w in workers))
             try:
