@@ -107,3 +107,26 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
     finally:
         await run.close()
         ray.shutdown()
+
+
+def test_a_learner_group_the_cluster_cannot_place_fails_in_time_and_leaves_nothing(tiny_smollm2):
+    """One GPU per learner on a cluster without GPUs: the placement group is never granted. The start fails after
+    ray.start_timeout_s, naming what was asked and what the cluster has, instead of waiting forever, and removes
+    its placement group; the cluster it joined stays up."""
+    ray = pytest.importorskip("ray")
+    from ray.util import placement_group_table
+
+    from rstar2_agent.train.learner.ray_group import LearnerGroup, RayConfig
+
+    cfg = RayConfig(learners=2, gpus_per_learner=1, cpus_per_learner=0.5, rollout_workers=0, sandbox_actors=0,
+                    start_timeout_s=5)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with pytest.raises(TimeoutError, match=r"did not grant the learner group 2 x \{'CPU': 0.5, 'GPU': 1\}.*"
+                                               r"lower ray.learners"):
+            LearnerGroup(cfg, tiny_smollm2, OptimConfig(), total_steps=1)
+        groups = placement_group_table().values()
+        assert groups and all(g["state"] == "REMOVED" for g in groups)
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()

@@ -70,6 +70,17 @@ def distributed() -> tuple[int, int]:
     return rank, world
 
 
+def shard(model: torch.nn.Module, bf16: bool) -> None:
+    """FSDP2 over the default process group: each decoder layer a unit, then the rest; parameters gathered in bf16
+    for the forward when `bf16` (fp32 master weights stay sharded), gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
                  gradient_checkpointing: bool = False):
@@ -85,13 +96,7 @@ class TorchLearner:
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         if self.world > 1:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if self.bf16 else torch.float32,
-                                      reduce_dtype=torch.float32)
-            for layer in self.model.model.layers:
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(self.model, mp_policy=mp)
+            shard(self.model, self.bf16)
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0

@@ -63,10 +63,39 @@ class RayConfig:
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
     weight_bucket_mb: float = 256.0  # collective: tensors go in flat buckets of at most this size
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
+    # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as
+    # few nodes as fit (FSDP's collectives stay on a node's fast links where they can), STRICT_PACK on one node
+    learner_placement: str = "PACK"
+    start_timeout_s: float = 1800.0  # the learner ranks' resources granted, then their model loaded and sharded
 
     def cpus_needed(self) -> float:
         return (self.learners * self.cpus_per_learner + self.rollout_workers * self.cpus_per_rollout_worker
                 + self.sandbox_actors * self.cpus_per_sandbox_actor)
+
+
+def learner_placement(cfg: RayConfig) -> Any:
+    """A placement group of one bundle per learner rank, ready (or a TimeoutError naming what was asked and what
+    the cluster has, after `start_timeout_s`: a request the cluster cannot meet would otherwise wait forever)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"CPU": cfg.cpus_per_learner, **({"GPU": cfg.gpus_per_learner} if cfg.gpus_per_learner else {})}
+    if cfg.learner_placement not in PLACEMENTS:
+        raise ValueError(f"ray.learner_placement is one of {', '.join(PLACEMENTS)}, not {cfg.learner_placement!r}")
+    group = placement_group([bundle] * cfg.learners, strategy=cfg.learner_placement)
+    try:
+        ray.get(group.ready(), timeout=cfg.start_timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        remove_placement_group(group)
+        have = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        raise TimeoutError(f"Ray did not grant the learner group {cfg.learners} x {bundle} "
+                           f"({cfg.learner_placement}) within ray.start_timeout_s={cfg.start_timeout_s:.0f} s; the "
+                           f"cluster has {have} in all (the rollout workers and sandbox actors need theirs too): "
+                           f"lower ray.learners or the per-learner resources, or add nodes") from e
+    return group
+
+
+PLACEMENTS = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 
 def connect(cfg: RayConfig) -> bool:
@@ -211,9 +240,11 @@ class LearnerGroup:
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
 
         self.connected_here = connect(cfg)  # then close() disconnects
+        self.actors: list[Any] = []
         self.cfg, self.step = cfg, 0
         if cfg.weight_push not in ("collective", "object_store"):
             raise ValueError(f"ray.weight_push is collective or object_store, not {cfg.weight_push!r}")
@@ -225,10 +256,22 @@ class LearnerGroup:
         # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
                          concurrency_groups={"weights": 1})(LearnerActor)
-        self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
-        master = ray.get(self.actors[0].address.remote())
-        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
-                           for a in self.actors])
+        try:
+            self.placement = learner_placement(cfg)
+            self.actors = [cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement, placement_group_bundle_index=r)).remote(r, cfg.learners)
+                for r in range(cfg.learners)]
+            master = ray.get(self.actors[0].address.remote(), timeout=cfg.start_timeout_s)
+            devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
+                               for a in self.actors], timeout=cfg.start_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            self.close()
+            raise TimeoutError(f"the {cfg.learners} learner ranks did not load and shard {model_path} within "
+                               f"ray.start_timeout_s={cfg.start_timeout_s:.0f} s: raise it for a large model on "
+                               "slow storage, or see `ray logs` for a rank that is stuck") from e
+        except BaseException:  # the placement's own timeout, a rank that failed to start: leave nothing behind
+            self.close()
+            raise
         log.info("learner group: %d ranks on %s", len(self.actors), ", ".join(devices))
 
     @property
@@ -338,6 +381,13 @@ class LearnerGroup:
     def reset_optimizer(self) -> None:
         self._all("reset_optimizer")
 
+    def _remove_placement(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        group, self.placement = getattr(self, "placement", None), None
+        if group is not None:
+            remove_placement_group(group)
+
     def close(self) -> None:
         """Idempotent: stops the ranks, then leaves Ray if this group connected this process to it (a cluster
         we joined keeps running; one we started here stops)."""
@@ -345,6 +395,7 @@ class LearnerGroup:
 
         actors, self.actors = self.actors, []
         if not actors:
+            self._remove_placement()
             return
         try:  # a rank still in an abandoned update (a stopped command) does not answer: it is killed below
             ray.get([a.shutdown.remote() for a in actors], timeout=SHUTDOWN_TIMEOUT_S)
@@ -354,6 +405,7 @@ class LearnerGroup:
         finally:
             for a in actors:
                 ray.kill(a)
+            self._remove_placement()
             if self.connected_here:
                 ray.shutdown()
 
