@@ -15,6 +15,10 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
 3. parity: the per-token logprobs of those prompts + generated ids from one forward pass, on CPU fp32 (the
    reference), the engine's own model (GPU bf16) and a GPU fp32 copy; plus the engine's decode-time logprobs.
    Max and mean absolute differences. With --device cpu this is cpu-vs-cpu.
+4. fork, sdpa, fsdp (bench/gpu_probes.py): a fork after the project's GPU count can still use CUDA (and one
+   after torch.cuda.is_available() cannot); which SDPA kernels the learner's padded, unpadded and packed masks
+   allow at --sdpa-seq on a Qwen3-14B attention; one FSDP2 rank over NCCL: an update, the optimizer step and the
+   full-state gather.
 
 On the device machine (one H200, about 2 minutes):  bash bench/gpu_check.sh --out $OUT/gpu.json
 Here, on CPU (seconds):                             .venv/bin/python bench/gpu_check.py --device cpu --tiny
@@ -66,6 +70,15 @@ def project_imports() -> None:
         sys.modules["rstar2_agent.train"] = mod
         spec.loader.exec_module(mod)
         rstar2_agent.train = mod  # type: ignore[attr-defined]
+
+
+def gpu_probes() -> Any:
+    """bench/gpu_probes.py, as a sibling module (this file run as a script) or in its package (`rstar2 bench gpu`)."""
+    if __package__:
+        from . import gpu_probes as probes
+    else:
+        import gpu_probes as probes
+    return probes
 
 
 def sync(device: torch.device) -> None:
@@ -273,10 +286,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gen-prompt", type=int, help="prompt tokens (128; tiny 16)")
     ap.add_argument("--gen-tokens", type=int, help="new tokens per request (256; tiny 16)")
     ap.add_argument("--parity-rows", type=int, default=4, help="generations compared for logprob parity")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: learner, generation, parity")
+    ap.add_argument("--sdpa-seq", help="sequence lengths of the SDPA kernel probe (8192,12288; tiny 64)")
+    ap.add_argument("--fsdp-seq", type=int, help="tokens per sequence of the one-rank FSDP2 step (1024; tiny 32)")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated parts to skip: learner, generation, parity, fork, sdpa, fsdp")
     args = ap.parse_args(argv)
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
-             "gen_prompt": (128, 16), "gen_tokens": (256, 16)}
+             "gen_prompt": (128, 16), "gen_tokens": (256, 16), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32)}
     for k, (full, tiny) in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, tiny if args.tiny else full)
@@ -318,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         result["model"] = info | {"write_s": time.perf_counter() - t0}
         say(f"random model: {info['params'] / 1e6:.1f}M params written in {result['model']['write_s']:.1f}s")
         result["learner"] = part("learner", bench_learner, folder, info, args, device)
+        probes = gpu_probes()
+        result["fork"] = part("fork", probes.fork_poison, ROOT)
+        result["sdpa"] = part("sdpa", probes.sdpa_kernels, [int(x) for x in args.sdpa_seq.split(",")], device)
+        result["fsdp"] = part("fsdp", probes.fsdp_one_rank, folder, device, args.fsdp_seq, 2)
+        free(device)
 
         loop = asyncio.new_event_loop()  # one loop for the engine's life: its worker task lives on it
         try:

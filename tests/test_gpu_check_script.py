@@ -23,3 +23,6 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
     assert not report.get("errors"), report.get("errors")
     assert report["learner"]["tokens_per_s"] > 0 and report["generation"]["tokens_per_s"] > 0
     assert report["parity"]
+    assert report["sdpa"]["64"] and report["fork"] == {"skipped": "no CUDA device"}
+    fsdp = report["fsdp"]  # one gloo rank through FSDP2: the update and the full-state gather ran
+    assert fsdp["backend"] == "gloo" and fsdp["gathered_tensors"] > 0 and fsdp["gathered_on"] == ["cpu"]

@@ -83,10 +83,13 @@ def shard(model: torch.nn.Module, bf16: bool) -> None:
 
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, fsdp: bool = False):
+        """`fsdp`: shard with FSDP2 even as the only rank (the GPU check's one-rank group); more than one rank always
+        shards."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.rank, self.world = distributed()
+        self.sharded = self.world > 1 or fsdp
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         if dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, not {dtype!r}")
@@ -95,7 +98,7 @@ class TorchLearner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        if self.world > 1:
+        if self.sharded:
             shard(self.model, self.bf16)
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
@@ -114,7 +117,7 @@ class TorchLearner:
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and self.world == 1):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
             return self.model(**batch).logits.float()
 
     def sft_loss(self, batch: dict[str, torch.Tensor], denominator: int) -> torch.Tensor:
@@ -136,7 +139,7 @@ class TorchLearner:
 
     # ------------------------------------------------------------------ checkpoints
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        if self.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -144,7 +147,7 @@ class TorchLearner:
 
     def optimizer_state(self) -> dict[str, Any]:
         """The whole optimizer state (under FSDP gathered from the shards: every rank must call it)."""
-        if self.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
             return get_optimizer_state_dict(self.model, self.optimizer,
@@ -152,7 +155,7 @@ class TorchLearner:
         return self.optimizer.state_dict()
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        if self.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state,
@@ -183,7 +186,7 @@ class TorchLearner:
                 folder.rename(old)
             tmp.rename(folder)
             shutil.rmtree(old, ignore_errors=True)
-        if self.world > 1:
+        if self.sharded:
             torch.distributed.barrier()
         return folder
 
