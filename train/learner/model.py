@@ -81,12 +81,46 @@ def shard(model: torch.nn.Module, bf16: bool) -> None:
     fully_shard(model, mp_policy=mp)
 
 
+def load_model(model_path: str, device: torch.device, *, rank: int, world: int, sharded: bool, bf16: bool,
+               gradient_checkpointing: bool) -> torch.nn.Module:
+    """The fp32 model on `device`, sharded when `sharded`. Over several ranks only rank 0 reads the checkpoint (into
+    host memory); the others build the model on the meta device. Once FSDP2 has sharded it, rank 0's weights go to
+    every rank shard by shard, and the buffers whole (rotary tables are not in the state dict): a node of 8 ranks
+    holds one host copy of the fp32 model while it loads (59 GB at 14B), not 8."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if world == 1:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if sharded:
+            shard(model, bf16)
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if rank == 0:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+    full = model.state_dict() if rank == 0 else {}
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    shard(model, bf16)
+    model = model.to(device) if rank == 0 else model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+    return model
+
+
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
                  gradient_checkpointing: bool = False, fsdp: bool = False):
         """`fsdp`: shard with FSDP2 even as the only rank (the GPU check's one-rank group); more than one rank always
         shards."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.rank, self.world = distributed()
         self.sharded = self.world > 1 or fsdp
@@ -95,11 +129,8 @@ class TorchLearner:
             raise ValueError(f"dtype must be auto, bf16 or fp32, not {dtype!r}")
         self.bf16 = dtype == "bf16" or (dtype == "auto" and bf16_supported(self.device))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        if self.sharded:
-            shard(self.model, self.bf16)
+        self.model = load_model(model_path, self.device, rank=self.rank, world=self.world, sharded=self.sharded,
+                                bf16=self.bf16, gradient_checkpointing=gradient_checkpointing)
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0
