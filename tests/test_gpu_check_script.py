@@ -23,3 +23,6 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
     assert not report.get("errors"), report.get("errors")
     assert report["learner"]["tokens_per_s"] > 0 and report["generation"]["tokens_per_s"] > 0
     assert report["parity"]
+    memory = report["memory"]  # the memory probe against the plan, at 2 and 4 layers, with and without checkpointing
+    assert len(memory["runs"]) == 8 and all(r["measured_gib"] >= 0 and r["estimate_gib"] > 0 for r in memory["runs"])
+    assert len(memory["slopes"]) == 4

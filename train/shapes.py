@@ -5,7 +5,7 @@ name, so that `rstar2 train plan` needs no network and no weights. Only Qwen3/Qw
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class Shape:
     qk_norm: bool = True  # Qwen3's RMSNorm on each head's query and key
     attention_bias: bool = False  # biases on q, k, v (Qwen2)
     context_length: int = 32768  # max_position_embeddings: the engine's max_model_len
-    name: str = ""
+    name: str = field(default="", compare=False)
 
     @property
     def q(self) -> int:
