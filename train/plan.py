@@ -254,8 +254,9 @@ def engine_parts(s: Shape, options: dict[str, Any], capacity_gib: float, receive
     forward = batched * (4 * s.vocab + 2 * (2 * s.intermediate + 4 * s.hidden)) / tp / GIB + VLLM_RESERVE_GIB
     vllm = util * capacity_gib
     kv = vllm - weights - forward
+    one = context_length * s.kv_bytes_per_token() / tp / GIB
     parts = {"(vllm: weights)": weights, "(vllm: forward and graphs)": forward, "(vllm: kv_cache)": max(kv, 0.0),
-             "vllm_gpu_memory_utilization": vllm}
+             "(vllm: kv for one sequence)": one, "vllm_gpu_memory_utilization": vllm}
     if receive == "model":
         parts["receive_buffers"] = weights
     elif receive == "bucket":
@@ -263,8 +264,8 @@ def engine_parts(s: Shape, options: dict[str, Any], capacity_gib: float, receive
     if receive != "host":
         parts["runtime"] = RUNTIME_GIB  # the receiving process's own context, beside vLLM's
     kv_tokens = int(kv * GIB / (s.kv_bytes_per_token() / tp)) if kv > 0 else 0
-    notes = [f"KV cache {max(kv, 0):.1f} GiB = {kv_tokens:,} tokens (one sequence of {context_length:,} needs "
-             f"{context_length * s.kv_bytes_per_token() / tp / GIB:.1f} GiB)"]
+    notes = [f"KV cache {max(kv, 0):.1f} GiB = {kv_tokens:,} tokens (one sequence of {context_length:,}: "
+             f"{one:.1f} GiB)"]
     return parts, notes, kv_tokens >= context_length
 
 
@@ -424,13 +425,20 @@ def _advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float, 
     for g in plan.gpus:
         if g.fits:
             continue
-        if g.role in ("learner", "cpu") or g.role == "learner+rollout":
+        engine = _engine_advice(g, capacity, cfg) if g.role in ("rollout", "learner+rollout") else []
+        if g.role in ("learner", "cpu") or (g.role == "learner+rollout" and not _util_is_enough(g, capacity)):
             share = capacity - sum(v for k, v in g.parts.items() if k not in learner_parts(s, spec)[0]
                                    and not k.startswith("("))
             out += _learner_advice(s, spec, cfg, share, kind)
-        if g.role in ("rollout", "learner+rollout"):
-            out += _engine_advice(g, capacity, cfg)
+        out += engine
     return out
+
+
+def _util_is_enough(g: GPU, capacity: float) -> bool:
+    """A lower gpu_memory_utilization fits the GPU and still leaves vLLM a KV cache for one sequence."""
+    others = g.total_gib - g.parts.get("vllm_gpu_memory_utilization", 0.0)
+    fixed = g.parts.get("(vllm: weights)", 0.0) + g.parts.get("(vllm: forward and graphs)", 0.0)
+    return capacity - others - fixed >= g.parts.get("(vllm: kv for one sequence)", 0.0) > 0
 
 
 def _learner_advice(s: Shape, spec: LearnerSpec, cfg: Any, share: float, kind: str) -> list[str]:
