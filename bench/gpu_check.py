@@ -21,7 +21,7 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
    bf16 weights: the peak memory (torch.cuda.max_memory_allocated; on CPU the resident set's peak) beside the
    memory plan's estimate (train/plan.py), and the per-layer slope (4 layers minus 2) beside the plan's.
 
-On the device machine (one H200, about 2 minutes):  bash bench/gpu_check.sh --out $OUT/gpu.json
+On the device machine (one H200, a few minutes):   bash bench/gpu_check.sh --out $OUT/gpu.json
 Here, on CPU (seconds):                             .venv/bin/python bench/gpu_check.py --device cpu --tiny
 Prints human-readable lines as it goes and one JSON object at the end (also written to --out). A failing part
 is recorded under "errors" and the others still run; the exit status is 1 if any part failed.
