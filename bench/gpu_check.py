@@ -1,5 +1,6 @@
 """GPU check: learner step throughput and MFU, hf-engine generation tokens/s, and hf-engine logprob parity
-(GPU bf16 and GPU fp32 against CPU fp32), on a randomly initialised Qwen2 model of Qwen2.5-0.5B's shape.
+(GPU bf16 and GPU fp32 against CPU fp32), on a randomly initialised Qwen2 model of Qwen2.5-0.5B's shape; and a
+memory probe against the memory plan on a Qwen3-14B-shaped model of 2 and 4 layers.
 
 Made for a machine with torch and transformers only (no vLLM, no Ray, no network) and a copy of this
 repository that is not pip-installed: it puts the repository root first on sys.path and maps
@@ -15,12 +16,16 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
 3. parity: the per-token logprobs of those prompts + generated ids from one forward pass, on CPU fp32 (the
    reference), the engine's own model (GPU bf16) and a GPU fp32 copy; plus the engine's decode-time logprobs.
    Max and mean absolute differences. With --device cpu this is cpu-vs-cpu.
-4. fork, sdpa, fsdp (bench/gpu_probes.py): a fork after the project's GPU count can still use CUDA (and one
+4. memory: one RL update of --mem-rows x --mem-tokens tokens (8192) on a random Qwen3-14B-shaped model (its real
+   width, heads and vocabulary) with 2 and 4 layers, with and without gradient checkpointing, under autocast and in
+   bf16 weights: the peak memory (torch.cuda.max_memory_allocated; on CPU the resident set's peak) beside the
+   memory plan's estimate (train/plan.py), and the per-layer slope (4 layers minus 2) beside the plan's.
+5. fork, sdpa, fsdp (bench/gpu_probes.py): a fork after the project's GPU count can still use CUDA (and one
    after torch.cuda.is_available() cannot); which SDPA kernels the learner's padded, unpadded and packed masks
    allow at --sdpa-seq on a Qwen3-14B attention; one FSDP2 rank over NCCL: an update, the optimizer step and the
    full-state gather.
 
-On the device machine (one H200, about 2 minutes):  bash bench/gpu_check.sh --out $OUT/gpu.json
+On the device machine (one H200, a few minutes):   bash bench/gpu_check.sh --out $OUT/gpu.json
 Here, on CPU (seconds):                             .venv/bin/python bench/gpu_check.py --device cpu --tiny
 Prints human-readable lines as it goes and one JSON object at the end (also written to --out). A failing part
 is recorded under "errors" and the others still run; the exit status is 1 if any part failed.
@@ -270,6 +275,133 @@ def parity(folder: Path, engine: Any, prompts: list[list[int]], gens: list[Any],
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- 4. memory
+# the real Qwen3-14B's width, heads and vocabulary (layers: --mem-layers); small: the CPU test's; tiny: --tiny's
+MEMORY_SHAPES = {"qwen3-14b": dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=40,
+                                   num_key_value_heads=8, head_dim=128, vocab_size=151936),
+                 "small": dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=64, vocab_size=4096),
+                 "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=16, vocab_size=512)}
+
+
+class PeakMemory:
+    """Peak memory above the level at `start()`: torch.cuda.max_memory_allocated on a GPU; on CPU the process's peak
+    resident set (VmHWM, reset through /proc/self/clear_refs) with glibc told to return every block of 64 KiB or
+    more to the system when freed (mallopt: no dynamic mmap threshold, trimming at once), so that resident memory
+    follows the live tensors instead of the allocator's free lists."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.base = device, 0
+        if device.type == "cpu":
+            import ctypes
+
+            self.libc = ctypes.CDLL("libc.so.6")
+            self.libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD
+            self.libc.mallopt(-1, 65536)  # M_TRIM_THRESHOLD
+
+    @staticmethod
+    def _status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {key} in /proc/self/status")
+
+    def start(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.libc.malloc_trim(0)
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+            self.base = self._status("VmRSS")
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        return self._status("VmHWM") - self.base
+
+
+def _probe_items(rows: int, seq: int, vocab: int) -> list[Any]:
+    """`rows` trajectories, the first `seq` tokens long and the others a quarter shorter (so a micro-batch of several
+    is right-padded and gets a 4D mask, as the RL learner's are), a prompt of seq / 8."""
+    from rstar2_agent.train.learner.update import UpdateItem
+
+    out = []
+    for i, ids in enumerate(random_ids(rows, seq, vocab, seed=3)):
+        n = seq if i == 0 else seq - seq // 4
+        p = seq // 8
+        out.append(UpdateItem(ids[:p], ids[p:n], [1] * (n - p), [-math.log(vocab)] * (n - p), 1.0 if i % 2 else -1.0))
+    return out
+
+
+def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """One RL update (`policy_update`: the old-logprob pass, then the PPO-clip forward and backward of one micro-batch
+    of --mem-rows x --mem-tokens tokens) on a random Qwen3 model of --mem-shape at each of --mem-layers depths, with
+    and without gradient checkpointing, in each precision: autocast (fp32 weights, bf16 autocast: one process) and
+    bf16 (bf16 weights, no autocast: what FSDP2's MixedPrecisionPolicy computes in). The peak above the model, its
+    gradients (allocated first) and its inputs, against the memory plan's estimate (train/plan.py `activations`,
+    plus the autocast cache's weight copies)."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from rstar2_agent.train.learner.model import TorchLearner
+    from rstar2_agent.train.learner.update import UpdateConfig, policy_update
+    from rstar2_agent.train.plan import GIB, activations, compute_copies
+    from rstar2_agent.train.shapes import from_config
+
+    dims = MEMORY_SHAPES[args.mem_shape]
+    rows, seq = args.mem_rows, args.mem_tokens
+    meter = PeakMemory(device)
+    runs = []
+    for precision in [p.strip() for p in args.mem_precisions.split(",") if p.strip()]:
+        for layers in [int(x) for x in args.mem_layers.split(",")]:
+            for ckpt in (False, True):
+                cfg = Qwen3Config(**dims, num_hidden_layers=layers, max_position_embeddings=max(4096, seq),
+                                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=1, pad_token_id=0)
+                torch.manual_seed(0)
+                with torch.device(device):
+                    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
+                if precision == "bf16":
+                    model.to(torch.bfloat16)
+                if ckpt:
+                    model.gradient_checkpointing_enable()
+                learner = TorchLearner.around(model, device, bf16=precision == "autocast")
+                for p in model.parameters():  # the gradients exist before the peak is measured from
+                    p.grad = torch.zeros_like(p)
+                upd = UpdateConfig(micro_batch=rows, pad_id=0)
+                warm = _probe_items(rows, 64, dims["vocab_size"])  # kernels and allocator set up, at a small size
+                policy_update(learner, warm, upd, sum(len(i.response_ids) for i in warm))
+                items = _probe_items(rows, seq, dims["vocab_size"])
+                meter.start()
+                policy_update(learner, items, upd, sum(len(i.response_ids) for i in items))
+                measured = meter.peak()
+                shape = from_config(cfg.to_dict())
+                est = activations(shape, rows * seq, seq, precision=precision, checkpointing=ckpt, masked=rows > 1)
+                estimate = est.total + compute_copies(shape, precision, ckpt, 1)
+                runs.append({"precision": precision, "layers": layers, "checkpointing": ckpt, "tokens": rows * seq,
+                             "measured_gib": measured / GIB, "estimate_gib": estimate / GIB,
+                             "ratio": measured / estimate})
+                say(f"memory {precision} {layers} layers checkpointing {ckpt}: measured {measured / GIB:.3f} GiB, "
+                    f"plan {estimate / GIB:.3f} GiB (x{measured / estimate:.2f})")
+                del learner, model
+                free(device)
+    slopes = []
+    by = {(r["precision"], r["layers"], r["checkpointing"]): r for r in runs}
+    depths = sorted({r["layers"] for r in runs})
+    for (precision, layers, ckpt), r in by.items():
+        if layers == depths[-1] and len(depths) > 1:
+            lo = by[(precision, depths[0], ckpt)]
+            m, e = r["measured_gib"] - lo["measured_gib"], r["estimate_gib"] - lo["estimate_gib"]
+            slopes.append({"precision": precision, "checkpointing": ckpt, "layers": f"{depths[0]}->{layers}",
+                           "measured_gib": m, "estimate_gib": e, "ratio": m / e if e else None})
+    return {"shape": args.mem_shape, "rows": rows, "seq": seq, "method": "cuda max_memory_allocated"
+            if device.type == "cuda" else "VmHWM (clear_refs), mallopt mmap threshold 64 KiB", "runs": runs,
+            "slopes": slopes}
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -288,11 +420,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parity-rows", type=int, default=4, help="generations compared for logprob parity")
     ap.add_argument("--sdpa-seq", help="sequence lengths of the SDPA kernel probe (8192,12288; tiny 64)")
     ap.add_argument("--fsdp-seq", type=int, help="tokens per sequence of the one-rank FSDP2 step (1024; tiny 32)")
+    ap.add_argument("--mem-shape", choices=sorted(MEMORY_SHAPES), help="memory probe's model (qwen3-14b; tiny tiny)")
+    ap.add_argument("--mem-tokens", type=int, help="memory probe: tokens of the longest trajectory (8192; tiny 128)")
+    ap.add_argument("--mem-rows", type=int, help="memory probe: trajectories in the micro-batch (1; tiny 2)")
+    ap.add_argument("--mem-layers", default="2,4", help="memory probe: the depths (comma-separated)")
+    ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
     ap.add_argument("--skip", default="",
-                    help="comma-separated parts to skip: learner, generation, parity, fork, sdpa, fsdp")
+                    help="comma-separated parts to skip: learner, generation, parity, memory, fork, sdpa, fsdp")
     args = ap.parse_args(argv)
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
-             "gen_prompt": (128, 16), "gen_tokens": (256, 16), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32)}
+             "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
+             "mem_tokens": (8192, 128), "mem_rows": (1, 2), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32)}
     for k, (full, tiny) in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, tiny if args.tiny else full)
@@ -354,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["errors"].setdefault("parity", "needs the generation part's output")
         finally:
             loop.close()
+    result["memory"] = part("memory", memory_probe, args, device)
     return finish(result, args, t_start)
 
 

@@ -26,3 +26,6 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
     assert report["sdpa"]["64"] and report["fork"] == {"skipped": "no CUDA device"}
     fsdp = report["fsdp"]  # one gloo rank through FSDP2: the update and the full-state gather ran
     assert fsdp["backend"] == "gloo" and fsdp["gathered_tensors"] > 0 and fsdp["gathered_on"] == ["cpu"]
+    memory = report["memory"]  # the memory probe against the plan, at 2 and 4 layers, with and without checkpointing
+    assert len(memory["runs"]) == 8 and all(r["measured_gib"] >= 0 and r["estimate_gib"] > 0 for r in memory["runs"])
+    assert len(memory["slopes"]) == 4

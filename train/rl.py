@@ -97,6 +97,10 @@ class RLConfig:
     # right-padded to the longest); the learner's activation memory follows it, not the longest rollout
     micro_batch_tokens: int = 0
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
+    # the memory plan (train/plan.py) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in
+    # GiB (0: this machine's GPU), and false to start anyway
+    gpu_memory_gib: float = 0.0
+    memory_check: bool = True
     sandbox_workers: int = 2  # warm sandbox workers in this process (distributed: ray uses ray.sandbox_workers)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"

@@ -44,6 +44,8 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False
+    gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan.py
+    memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit
     format: str = "hermes"
     seed: int = 0
     out: str = "runs/sft"

@@ -1,4 +1,4 @@
-"""`rstar2 train sft|data|problems|problems-verify|rl|ablation|report` (the RL benchmarks: `rstar2 bench`).
+"""`rstar2 train sft|data|problems|problems-verify|rl|plan|ablation|report` (the RL benchmarks: `rstar2 bench`).
 
 Under torchrun (several GPUs): `python -m rstar2_agent.train.train_commands`."""
 
@@ -55,6 +55,7 @@ def sft_cmd(recipe, resume, overrides) -> None:
     from .sft import SFTConfig, run_sft
 
     cfg = _recipe(SFTConfig, recipe, overrides)
+    _memory_check(cfg, "sft", recipe)
     _train("sft", cfg, lambda on_step: run_sft(cfg, resume=resume, on_step=on_step),
            lambda m: f"loss {m['loss']:.4f} lr {m['lr']:.2e} gnorm {m['grad_norm']:.2f} {m['tokens_per_s']:.0f} tok/s",
            (DataError, ModelError, ValueError),
@@ -73,12 +74,82 @@ def rl_cmd(recipe, resume, overrides) -> None:
     from .rl import RLConfig, run_rl
 
     cfg = _recipe(RLConfig, recipe, overrides)
+    _memory_check(cfg, "rl", recipe)
     _train("rl", cfg, lambda on_step: asyncio.run(run_rl(cfg, resume=resume, on_step=on_step)),
            lambda m: f"acc {m['accuracy']:.2f} len {m['response_tokens']:.0f} loss {m['loss']:+.4f} "
                      f"stage {m['stage']:.0f}",
            (ModelError, ValueError, DataError),
            lambda h: f"rollout accuracy {h[0]['accuracy']:.3f} (first step) -> {h[-1]['accuracy']:.3f} (last) "
                      f"over {len(h)} steps")
+
+
+def _memory_check(cfg, kind: str, recipe: str) -> None:
+    """The memory plan before a GPU run (train/plan.py `check_before_run`): a recipe that cannot fit stops here."""
+    from .plan import PlanError, check_before_run
+
+    try:
+        check_before_run(cfg, kind, recipe)
+    except PlanError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@train_group.command("plan", context_settings={"ignore_unknown_options": True})
+@click.option("--recipe", required=True, help="An SFT or RL recipe: a YAML file or a name in train/recipes/.")
+@click.option("--gpus", type=click.IntRange(1), default=None,
+              help="RL: the GPUs the cluster has (checked against the placement); SFT: the FSDP ranks "
+                   "(default $WORLD_SIZE, else 1).")
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Memory of each GPU (default: the recipe's gpu_memory_gib, else this machine's GPU; with neither "
+                   "the plan is against this machine's memory).")
+@click.option("--prompt-tokens", type=click.IntRange(1), default=None,
+              help="RL: the longest prompt, added to the largest stage's max_response_tokens [default: 1024].")
+@click.option("--logits-chunk", type=click.IntRange(0), default=None,
+              help="RL: log-probabilities in chunks of this many tokens (0: the full fp32 [tokens x vocab] logits; "
+                   "default: the recipe's logprob_chunk_tokens when it has one).")
+@click.option("--receive", type=click.Choice(["model", "bucket", "host"]), default="model", show_default=True,
+              help="RL on Ray: what the weight push receives on a rollout GPU (model: the whole bf16 model, as the "
+                   "collective push does today; bucket: one bucket; host: nothing on the GPU).")
+@click.option("--shape", default=None, help="Size this model instead of the recipe's (a folder or a known name).")
+@click.option("--json", "as_json", is_flag=True, help='Print the plan as JSON ("fits": true|false, GiB per component).')
+@click.argument("overrides", nargs=-1)
+def plan_cmd(recipe, gpus, gpu_memory_gib, prompt_tokens, logits_chunk, receive, shape, as_json, overrides) -> None:
+    """Per GPU, what a recipe's learner (weights, gradients, AdamW state, activations) and rollout engine (weights,
+    KV cache, receive buffers) hold at their peak, and whether it fits; the formulas are in docs/memory.md. The
+    exit status is 1 when it does not fit."""
+    import sys
+
+    import yaml
+
+    from . import recipe as recipes
+    from .plan import PROMPT_TOKENS, PlanError, gpu_memory_here, plan_rl, plan_sft, render, to_json
+    from .rl import RLConfig
+    from .sft import SFTConfig
+    from .shapes import ShapeError, model_shape
+
+    try:
+        raw = yaml.safe_load(recipes.find_recipe(recipe).read_text()) or {}
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from e
+    kind = "rl" if isinstance(raw, dict) and "stages" in raw else "sft"
+    cfg = _recipe(RLConfig if kind == "rl" else SFTConfig, recipe, overrides)
+    on_gpu = (kind == "rl" and cfg.distributed == "ray" and cfg.ray.gpus_per_learner > 0)
+    memory = gpu_memory_gib or cfg.gpu_memory_gib or None
+    if memory is None and (on_gpu or gpus):
+        memory = gpu_memory_here()
+        if memory is None:
+            raise click.UsageError("no GPU here to size the plan by: give --gpu-memory-gib")
+    try:
+        s = model_shape(shape) if shape else None
+        if kind == "rl":
+            plan = plan_rl(cfg, recipe=recipe, gpu_memory_gib=memory, gpus=gpus, shape=s, receive=receive,
+                           prompt_tokens=prompt_tokens or PROMPT_TOKENS, logits_chunk=logits_chunk)
+        else:
+            plan = plan_sft(cfg, recipe=recipe, gpu_memory_gib=memory, gpus=gpus, shape=s)
+    except (PlanError, ShapeError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(to_json(plan) if as_json else render(plan))
+    if not plan.fits:
+        sys.exit(1)
 
 
 def _reach(out, final) -> str:

@@ -135,6 +135,15 @@ class TorchLearner:
         self.optimizer = self._new_optimizer()
         self.step = 0
 
+    @classmethod
+    def around(cls, model: torch.nn.Module, device: torch.device, *, bf16: bool) -> TorchLearner:
+        """A learner's forward passes around a model built elsewhere, one rank, no optimizer (the GPU check's
+        memory probe runs `policy_update` on random models of a 14B shape)."""
+        learner = cls.__new__(cls)
+        learner.model, learner.device, learner.bf16 = model, device, bf16
+        learner.rank, learner.world, learner.sharded = 0, 1, False
+        return learner
+
     def _new_optimizer(self) -> torch.optim.Optimizer:
         c = self.optim_cfg
         opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)

@@ -1,0 +1,145 @@
+"""The memory plan (train/plan.py, `rstar2 train plan`): the 14B recipes fit their clusters and the crashes of issue
+33 (the RL learner's first update, the push's receive buffers beside vLLM, one GPU with the in-process engine) are
+refused before a GPU is rented; the activation figures against measured peak memory of a scaled-down Qwen3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rstar2_agent.train import recipe as recipes
+from rstar2_agent.train.plan import PlanError, activations, check_before_run, layer_bytes, plan_rl, plan_sft
+from rstar2_agent.train.rl import RLConfig
+from rstar2_agent.train.sft import SFTConfig
+from rstar2_agent.train.shapes import KNOWN, from_config, model_shape
+from rstar2_agent.train.train_commands import train_group
+
+ROOT = Path(__file__).resolve().parents[1]
+RL_14B, SFT_14B = "rl-qwen3-14b-base-mi300x", "sft-qwen3-14b-base"
+MI300X_GIB = 178.8
+
+
+def rl14(*overrides: str) -> RLConfig:
+    return recipes.load(RLConfig, RL_14B, overrides)
+
+
+def test_the_14b_rl_recipe_fits_its_64_gpus_and_not_without_checkpointing_or_with_a_huge_budget():
+    plan = plan_rl(rl14(), recipe=RL_14B, gpu_memory_gib=MI300X_GIB, gpus=64)
+    assert plan.fits and plan.gpus_needed == 64
+    assert [(g.role, g.count) for g in plan.gpus] == [("learner", 16), ("rollout", 48)]
+    no_ckpt = plan_rl(rl14("gradient_checkpointing=false"), gpu_memory_gib=MI300X_GIB)
+    assert not no_ckpt.fits and any("gradient_checkpointing: true" in a for a in no_ckpt.advice)
+    huge = plan_rl(rl14("micro_batch_tokens=1000000"), gpu_memory_gib=MI300X_GIB)
+    assert not huge.fits and any("micro_batch_tokens" in a for a in huge.advice)
+    # the recipe before its token budget: 4 padded 13K-token trajectories with full fp32 logits (crash 2)
+    padded = plan_rl(rl14("micro_batch_tokens=0"), gpu_memory_gib=MI300X_GIB)
+    assert not padded.fits
+    assert padded.activations_gib["without_checkpointing"] > 460  # the issue's "about 460 GB" at stage 1, more at 12K
+    assert not plan_rl(rl14(), gpu_memory_gib=MI300X_GIB, gpus=32).fits  # the placement needs 64
+
+
+def test_the_collective_push_receiving_the_whole_model_beside_vllm_at_085_does_not_fit():
+    """Crash 3: the whole bf16 model (27.5 GiB) received on a rollout GPU where vLLM took 85%; a bucket fits."""
+    at_085 = rl14("ray.engine_options={gpu_memory_utilization: 0.85, max_num_seqs: 256}")
+    rollout = {g.role: g for g in plan_rl(at_085, gpu_memory_gib=MI300X_GIB).gpus}["rollout"]
+    assert not rollout.fits and rollout.parts["receive_buffers"] == pytest.approx(27.5, abs=0.1)
+    plan = plan_rl(at_085, gpu_memory_gib=MI300X_GIB)
+    assert any("gpu_memory_utilization" in a for a in plan.advice)
+    assert plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="bucket").fits
+
+
+def test_one_gpu_with_the_in_process_vllm_engine_leaves_vllm_too_little():
+    """Crash 7: vLLM wants 85% of a GPU on which the learner holds an 8B model; the plan names
+    gpu_memory_utilization, and its KV-cache check catches a share too small for one sequence."""
+    cfg = RLConfig(model="Qwen/Qwen3-8B", rollout_engine="vllm", micro_batch=1, gradient_checkpointing=True)
+    plan = plan_rl(cfg, gpu_memory_gib=139.8)
+    (gpu,) = plan.gpus
+    assert gpu.role == "learner+rollout" and not plan.fits
+    assert gpu.parts["weights_fp32_shard"] + gpu.parts["optimizer_adamw"] == pytest.approx(
+        12 * 8.19e9 / 2**30, rel=0.02)  # fp32 weights and two fp32 moments of Qwen3-8B's 8.19B parameters
+    assert any("distributed: ray" in a for a in plan.advice)
+
+
+def test_the_14b_sft_recipe_fits_8_gpus_and_not_one():
+    cfg = recipes.load(SFTConfig, SFT_14B)
+    assert plan_sft(cfg, recipe=SFT_14B, gpu_memory_gib=MI300X_GIB, gpus=8).fits
+    one = plan_sft(cfg, gpu_memory_gib=MI300X_GIB, gpus=1)
+    assert not one.fits and one.gpus[0].parts["optimizer_adamw"] > 100  # 8 bytes x 14.8B parameters, unsharded
+
+
+def test_shapes_known_from_config_and_through_a_recipe_chain(smol):
+    q14 = KNOWN["qwen/qwen3-14b"]
+    assert q14.params() == pytest.approx(14.77e9, rel=0.005)  # Qwen3-14B's model card: 14.8B
+    assert KNOWN["qwen/qwen3-8b"].params() == pytest.approx(8.19e9, rel=0.005)  # 8.2B
+    assert KNOWN["qwen/qwen3-1.7b"].params() == pytest.approx(1.72e9, rel=0.01)  # 1.7B (the embedding tied)
+    real = from_config(json.loads((Path(smol.path) / "config.json").read_text()))
+    table = KNOWN["huggingfacetb/smollm2-135m-instruct"]
+    assert (real.hidden, real.layers, real.heads, real.kv_heads, real.intermediate, real.vocab, real.tied) == (
+        table.hidden, table.layers, table.heads, table.kv_heads, table.intermediate, table.vocab, table.tied)
+    assert real.params() == pytest.approx(134.5e6, rel=0.01)
+    assert model_shape(smol.path) == real  # a local folder: its config.json
+    assert model_shape("runs/sft-qwen3-14b-base/last") == q14  # not written yet: the SFT recipe that writes it
+    assert model_shape("qwen3-14b-base") == q14
+
+
+def test_activation_bytes_per_token_per_layer_for_qwen3_14b():
+    """The documented figures (docs/memory.md): bf16 (FSDP2's compute), no mask."""
+    parts = layer_bytes(KNOWN["qwen/qwen3-14b"], "bf16")
+    assert sum(parts.values()) == 16 * 5120 + 12 * 5120 + 10 * 1024 + 8 * 17408 + 4 * 40
+    a = activations(KNOWN["qwen/qwen3-14b"], 8192, 8192, precision="bf16", checkpointing=True, masked=False)
+    assert a.parts["layer_inputs"] == 40 * 2 * 5120 * 8192
+
+
+def test_the_plan_command_prints_json_and_exits_1_when_it_does_not_fit():
+    runner = CliRunner()
+    ok = runner.invoke(train_group, ["plan", "--recipe", RL_14B, "--gpus", "64", "--json"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.output)
+    assert doc["fits"] is True and doc["gpus"][0]["components_gib"]["activations"] > 0
+    assert doc["activations_gib"]["without_checkpointing"] > doc["activations_gib"]["with_checkpointing"]
+    bad = runner.invoke(train_group, ["plan", "--recipe", RL_14B, "--json", "gradient_checkpointing=false"])
+    assert bad.exit_code == 1 and json.loads(bad.output)["fits"] is False
+    text = runner.invoke(train_group, ["plan", "--recipe", SFT_14B, "--gpus", "8", "--gpu-memory-gib", "178.8"])
+    assert text.exit_code == 0 and "fits: yes" in text.output and "optimizer_adamw" in text.output
+
+
+def test_train_rl_refuses_a_gpu_recipe_that_cannot_fit_before_starting_anything():
+    """Without the plan this command would join a Ray cluster at address auto and load the model on 16 ranks."""
+    r = CliRunner().invoke(train_group, ["rl", "--recipe", RL_14B, "gradient_checkpointing=false"])
+    assert r.exit_code == 1 and "does not fit" in r.output and "gradient_checkpointing: true" in r.output
+    with pytest.raises(PlanError, match="memory_check=false"):
+        check_before_run(rl14("micro_batch_tokens=1000000"), "rl")
+    assert check_before_run(rl14("memory_check=false", "micro_batch_tokens=1000000"), "rl") is None
+
+
+def test_cpu_recipes_are_not_checked_before_a_run():
+    """On a machine without a GPU the CPU demo recipes start as before (the plan command still shows them)."""
+    for name, cls, kind in (("rl-smollm2-cpu", RLConfig, "rl"), ("sft-smollm2-cpu", SFTConfig, "sft")):
+        assert check_before_run(recipes.load(cls, name), kind) is None
+    r = CliRunner().invoke(train_group, ["plan", "--recipe", "sft-smollm2-cpu", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["gpus"][0]["role"] == "cpu"
+
+
+@pytest.mark.slow
+def test_activation_estimate_against_measured_peak_memory_of_a_scaled_down_qwen3():
+    """One RL update (the project's policy_update) on random Qwen3 models of hidden 256 (4 heads, 2 KV heads, MLP 768,
+    vocab 4096) at 2 and 4 layers, 2 padded trajectories of 1024 tokens, with and without checkpointing, under
+    autocast and in bf16 weights: the measured peak (resident set above the model and its gradients, glibc made to
+    return freed blocks) is within 15% of the plan's, and so is the per-layer slope (4 layers minus 2) without
+    checkpointing; with it a layer's input is 2-4 MiB here, near what resident memory resolves, so only the totals
+    are held to the factor. Measured here: every total within 3%, the slopes 0.92 (autocast) and 0.98 (bf16)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                          "--skip", "learner,generation,parity", "--mem-shape", "small", "--mem-tokens", "1024",
+                          "--mem-rows", "2"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout[out.stdout.index("{\n"):])["memory"]
+    assert len(report["runs"]) == 8
+    for r in report["runs"]:
+        assert 0.85 <= r["ratio"] <= 1.15, r
+    slopes = [s for s in report["slopes"] if not s["checkpointing"]]
+    assert len(slopes) == 2 and all(0.85 <= s["ratio"] <= 1.15 for s in slopes), slopes
