@@ -134,8 +134,8 @@ def test_activation_estimate_against_measured_peak_memory_of_a_scaled_down_qwen3
     checkpointing; with it a layer's input is 2-4 MiB here, near what resident memory resolves, so only the totals
     are held to the factor. Measured here: every total within 3%, the slopes 0.92 (autocast) and 0.98 (bf16)."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
-                          "--skip", "learner,generation,parity,fork,sdpa,fsdp", "--mem-shape", "small", "--mem-tokens", "1024",
-                          "--mem-rows", "2"], capture_output=True, text=True, timeout=600)
+                          "--skip", "learner,generation,parity,fork,sdpa,fsdp", "--mem-shape", "small",
+                          "--mem-tokens", "1024", "--mem-rows", "2"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout[out.stdout.index("{\n"):])["memory"]
     assert len(report["runs"]) == 8
