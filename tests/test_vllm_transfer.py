@@ -71,3 +71,34 @@ def test_each_rollout_engine_gets_its_own_ranks_in_the_one_group():
         master_address="10.0.0.1", master_port=29600, rank_offset=1, world_size=7, packed=True))
     infos = [NCCLWeightTransferInitInfo(**p) for p in client.init_payloads(payload)]
     assert [(i.rank_offset, i.world_size) for i in infos] == [(1, 7), (3, 7), (5, 7)]
+
+
+def test_the_backend_keeps_the_names_its_model_loaded_with_a_fake_broadcast(monkeypatch):
+    """vLLM's NCCL engine hands each received bucket to its model's load_weights and drops the names it returns;
+    the backend keeps them for the push's check. NCCL cannot run here, so vLLM's packed receive is replaced by a
+    fake that hands two buckets on as the real one does (named for it); the model is left as it was."""
+    from vllm.distributed.weight_transfer import nccl_engine
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
+    from rstar2_agent.engines.vllm_transfer_nccl import CheckedNCCLEngine
+
+    class Model(torch.nn.Module):
+        def load_weights(self, weights):
+            return {name.replace("q_proj", "qkv_proj") for name, _ in weights if "bogus" not in name}
+
+    def fake_packed_receive(iterator, post_unpack_func, **_):
+        items = [(name, torch.zeros(shape, dtype=dtype)) for name, (shape, dtype) in iterator]
+        post_unpack_func(items[:1])
+        post_unpack_func(items[1:])
+
+    monkeypatch.setattr(nccl_engine, "packed_nccl_broadcast_consumer", fake_packed_receive)
+    engine = object.__new__(CheckedNCCLEngine)  # vLLM's constructor needs a worker's config
+    model = Model()
+    engine.model, engine.model_update_group, engine.packed, engine.device = model, object(), True, "cpu"
+    engine.packed_buffer_size_bytes, engine.packed_num_buffers = 1 << 20, 2
+    engine.loaded = set()  # what start_weight_update sets (it also starts vLLM's layerwise reload)
+    engine.receive_weights(NCCLWeightTransferUpdateInfo(
+        names=["model.layers.0.self_attn.q_proj.weight", "model.layers.0.bogus.weight"],
+        dtype_names=["bfloat16", "bfloat16"], shapes=[[4, 4], [4]]))
+    assert engine.loaded == {"model.layers.0.self_attn.qkv_proj.weight"}
+    assert "load_weights" not in vars(model) and model.load_weights.__func__ is Model.load_weights
