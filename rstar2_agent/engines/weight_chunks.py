@@ -90,5 +90,5 @@ def not_loaded_error(missing: list[str], sent: int, engine: str) -> EngineError:
     return EngineError(
         f"{engine} did not load {len(missing)} of the {sent} weights pushed ({', '.join(missing[:5])}"
         f"{', ...' if len(missing) > 5 else ''}): the engine's model has no such parameter (a learner of another "
-        f"architecture or with renamed modules, or a weight vLLM skips, such as an unexpected .bias), so the "
-        f"engine now holds its old values for them; push the state dict of the model the engine serves")
+        f"architecture or with renamed modules, or a weight vLLM ignores, such as an unexpected .bias), so the "
+        f"engine does not hold what the learner holds; push the state dict of the model the engine serves")
