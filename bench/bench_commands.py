@@ -255,18 +255,35 @@ def rollout_cmd(recipe, rounds, overrides) -> None:
 
 @bench_group.command("push")
 @click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--engine", type=click.Choice(["ray", "vllm"]), default="ray", show_default=True,
+              help="ray: the learner group's pushes to Ray rollout workers (collective against object store); vllm: "
+                   "pushes into an in-process vLLM engine (one message against whole layers under --max-message-mb).")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Ray rollout workers.")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--bucket-mb", type=float, default=256.0, show_default=True, help="The collective's bucket size.")
+@click.option("--max-message-mb", type=float, default=64.0, show_default=True,
+              help="vllm: the message cap of the chunked pushes (64 cuts a 135M model as 2048 cuts a 14B one).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
-def push_cmd(model, workers, rounds, bucket_mb, json_file) -> None:
-    """Seconds per weight push to the Ray rollout workers (local cluster, CPU): collective against object store."""
+def push_cmd(model, engine, workers, rounds, bucket_mb, max_message_mb, json_file) -> None:
+    """Seconds (and, --engine vllm, peak memory) per weight push: to the Ray rollout workers (local cluster, CPU),
+    collective against object store; or into vLLM in this process, one message against chunked."""
     import asyncio
     from dataclasses import asdict
     from pathlib import Path
 
-    from .push import bench_push
+    from .push import bench_push, bench_vllm_push
 
+    if engine == "vllm":
+        vrow = asyncio.run(bench_vllm_push(model, rounds, max_message_mb))
+        click.echo(f"{model}, {vrow.megabytes:.0f} MiB (fp32) into vLLM in this process, {rounds} rounds")
+        for mode in vrow.seconds:
+            click.echo(f"{mode:>12}: {vrow.messages[mode]} messages; "
+                       f"{', '.join(f'{x:.2f}' for x in vrow.seconds[mode])} s (median {vrow.median(mode):.2f}); "
+                       f"peak memory added {', '.join(f'{x:.0f}' for x in vrow.added_mib[mode])} MiB")
+        click.echo("chunked / one message (medians): " + ", ".join(f"{k} {v:.2f}" for k, v in vrow.ratios.items()))
+        if json_file:
+            Path(json_file).write_text(json.dumps({**asdict(vrow), "ratios": vrow.ratios}, indent=1))
+        return
     row = asyncio.run(bench_push(model, workers, rounds, bucket_mb=bucket_mb))
     click.echo(f"{model}, {row.megabytes:.0f} MiB to {workers} rollout workers, {rounds} rounds")
     for mode, secs in row.seconds.items():

@@ -137,3 +137,148 @@ def test_the_in_process_vllm_share_of_a_gpu_is_what_the_learner_left_free():
     with pytest.raises(EngineError, match="distributed: ray"):
         gpu_share(None, 3 * gib, 80 * gib)
     assert gpu_share(0.5, 0, 0) == 0.5  # not measured (CUDA not initialized here): vLLM checks it itself
+
+
+def _spy_rpc(engine, monkeypatch) -> list[tuple[str, tuple]]:
+    """Record every collective_rpc the engine sends to its workers (method, args), passing them on."""
+    real, calls = engine.engine.collective_rpc, []
+
+    async def spy(method, timeout=None, args=(), kwargs=None):
+        calls.append((method, args))
+        return await real(method, timeout=timeout, args=args, kwargs=kwargs)
+
+    monkeypatch.setattr(engine.engine, "collective_rpc", spy)
+    return calls
+
+
+async def test_a_push_in_many_messages_gives_what_one_message_gives(vllm_engine, monkeypatch):
+    """A changed policy pushed at a cap of 56 MiB (just over SmolLM2's 54 MiB embeddings) goes in many messages of
+    whole layers, each under the cap as vLLM's own msgpack encoder encodes it (the cap stands in for its 4 GiB
+    limit, scaled down), in the engine's dtype; the engine then samples exactly what it samples after the same
+    policy in one message: the same ids and logprobs."""
+    import torch
+    from safetensors.torch import load, load_file
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    from rstar2_agent.engines.weight_chunks import unit_of
+
+    original = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
+    changed = {k: v * 1.1 if "down_proj" in k else v for k, v in original.items()}
+    ids = prompt(vllm_engine.tokenizer)
+    sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=3)
+    cap = 56 * 2**20
+    try:
+        await vllm_engine.load_weights(changed)  # one message (the default cap is 2 GiB)
+        whole = await vllm_engine.generate(ids, sampling)
+        await vllm_engine.load_weights(original)
+        calls = _spy_rpc(vllm_engine, monkeypatch)
+        await vllm_engine.load_weights(changed, max_message_bytes=cap)
+        monkeypatch.undo()
+        cut = await vllm_engine.generate(ids, sampling)
+    finally:
+        monkeypatch.undo()
+        await vllm_engine.load_weights(original)
+    messages = [args[0] for method, args in calls if method == "load_weight_chunk"]
+    assert [m for m, _ in calls] == ["begin_weight_push"] + ["load_weight_chunk"] * len(messages) + ["end_weight_push"]
+    assert len(messages) >= 5  # the embeddings alone, then 7 or 8 decoder layers a message
+    encoder = MsgpackEncoder()
+    seen: dict[str, int] = {}
+    for i, blob in enumerate(messages):
+        assert sum(len(memoryview(b)) for b in encoder.encode(("load_weight_chunk", (blob,)))) <= cap + 1024
+        tensors = load(blob)
+        assert all(t.dtype == vllm_engine.weights_dtype == torch.bfloat16 for t in tensors.values())
+        for k in tensors:
+            assert seen.setdefault(unit_of(k), i) == i, f"{unit_of(k)} split across messages"
+    assert sorted(k for m in messages for k in load(m)) == sorted(original)
+    assert cut.token_ids == whole.token_ids and cut.logprobs == whole.logprobs
+
+
+async def test_a_layer_over_the_message_cap_is_refused_before_anything_is_sent(vllm_engine, monkeypatch):
+    from safetensors.torch import load_file
+
+    from rstar2_agent.engines.base import EngineError
+
+    weights = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
+    calls = _spy_rpc(vllm_engine, monkeypatch)
+    with pytest.raises(EngineError, match=r"model\.embed_tokens \(54\.0 MiB\) do not fit one message of "
+                                          r"max_message_mb=16\.0 MiB"):
+        await vllm_engine.load_weights(weights, max_message_bytes=16 * 2**20)
+    assert calls == []
+    monkeypatch.undo()
+    gen = await vllm_engine.generate(prompt(vllm_engine.tokenizer), SamplingParams(temperature=0.0, max_tokens=4))
+    assert gen.token_ids  # the engine generates on, untouched
+
+
+async def test_a_weight_vllm_does_not_load_fails_the_push_naming_it(vllm_engine):
+    """vLLM's loader skips an unexpected `.bias` (it does so for GPTQ checkpoints) with no error, and its reload
+    only logs what it did not load: the push compares the names vLLM reports loaded with those sent (q/k/v and
+    gate/up stacked, lm_head tied) and fails naming the one missing."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rstar2_agent.engines.base import EngineError
+
+    weights = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]  # tied, as the learner's state dict has it
+    await vllm_engine.load_weights(weights)  # every real name passes the check
+    bogus = {**weights, "model.layers.0.mlp.down_proj.bias": torch.zeros(576)}
+    with pytest.raises(EngineError, match=r"did not load 1 of the 274 weights pushed "
+                                          r"\(model\.layers\.0\.mlp\.down_proj\.bias\): the engine's model has no"):
+        await vllm_engine.load_weights(bogus)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    ids = prompt(vllm_engine.tokenizer)
+    before = await vllm_engine.generate(ids, greedy)
+    await vllm_engine.load_weights(weights)
+    assert (await vllm_engine.generate(ids, greedy)).token_ids == before.token_ids  # the real weights went in
+
+
+async def test_a_collective_push_loads_into_vllm_bucket_by_bucket(vllm_engine, monkeypatch):
+    """The rollout worker's side of the collective push (EngineActor.receive_weights, in this process over a real
+    gloo group): SmolLM2 in bf16 at 8 MB a bucket arrives in 20 and more buckets, each handed to vLLM as a part
+    before the next is received, and the engine then samples exactly as after the same weights in one push."""
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+    from test_weight_sync import members
+
+    from rstar2_agent.engines.ray_engine import EngineActor
+    from rstar2_agent.engines.weight_sync import plan
+
+    original = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
+    changed = {k: (v * 1.1 if "down_proj" in k else v).to(torch.bfloat16) for k, v in original.items()}
+    ids = prompt(vllm_engine.tokenizer)
+    sampling = SamplingParams(temperature=1.0, max_tokens=24, seed=4)
+    buckets = plan({k: (v.dtype, tuple(v.shape)) for k, v in changed.items()}, bucket_mb=8)
+    assert len(buckets) >= 20
+    actor = EngineActor("vllm", vllm_engine.model_path, CONTEXT, {})
+    actor.engine = vllm_engine
+    sender, actor.group = members(2, timeout_s=120)
+    real, parts = vllm_engine.load_weight_parts, []
+
+    async def counting(stream, **kw):
+        async def each():
+            async for part in stream:
+                parts.append(len(part))
+                yield part
+                del part
+
+        return await real(each(), **kw)
+
+    monkeypatch.setattr(vllm_engine, "load_weight_parts", counting)
+    try:
+        thread = threading.Thread(target=sender.send, args=(changed, buckets))
+        thread.start()
+        assert await actor.receive_weights(buckets) == len(changed)
+        thread.join(60)
+        monkeypatch.undo()
+        collective = await vllm_engine.generate(ids, sampling)
+        await vllm_engine.load_weights(changed)
+        whole = await vllm_engine.generate(ids, sampling)
+    finally:
+        monkeypatch.undo()
+        actor.leave_weight_group()
+        sender.close()
+        await vllm_engine.load_weights(original)
+    assert len(parts) == len(buckets) and sum(parts) == len(changed)
+    assert collective.token_ids == whole.token_ids and collective.logprobs == whole.logprobs

@@ -85,3 +85,54 @@ def test_a_member_that_never_joins_is_named():
     with pytest.raises(WeightSyncError, match="could not meet the others .* did not join"):
         WeightGroup("127.0.0.1", free_port(), 0, 2, timeout_s=2)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_135m_push_is_received_bucket_by_bucket_holding_one_bucket(smol):
+    """SmolLM2's state dict (bf16, tied lm_head) at 8 MB a bucket: the receiver takes it bucket by bucket, each a
+    set of whole layers, exact; each bucket's buffer is freed (once its consumer dropped it) before the next bucket
+    is received, so the receive buffers are one bucket, as the rollout GPU beside vLLM needs at 14B; only the
+    bucket of the tied embeddings, which lm_head refers to at the end, is kept."""
+    import weakref
+
+    from safetensors.torch import load_file
+
+    from rstar2_agent.engines.weight_chunks import unit_of
+
+    state = {k: v.to(torch.bfloat16) for k, v in load_file(f"{smol.path}/model.safetensors").items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    buckets = plan({k: (v.dtype, tuple(v.shape)) for k, v in state.items()}, bucket_mb=8,
+                   aliases={"lm_head.weight": "model.embed_tokens.weight"})
+    n = len(buckets)
+    assert n >= 20
+    sender, receiver = members(2, timeout_s=60)
+    events: list[tuple[str, int]] = []  # ("receive", k) when bucket k's broadcast starts, ("freed", k) at its end
+    broadcast = receiver._broadcast
+
+    def recording(tensor, what):
+        events.append(("receive", int(what.split()[1].split("/")[0]) - 1))
+        broadcast(tensor, what)
+
+    receiver._broadcast = recording
+    thread = threading.Thread(target=sender.send, args=(state, buckets))
+    thread.start()
+    got: set[str] = set()
+    kept, k = None, -1
+    for part in receiver.receive_each(buckets):  # (enumerate's reused tuple would hold each part a step longer)
+        k += 1
+        layers = {unit_of(name) for name in part}
+        assert all(sum(unit_of(e.name) in layers for e in b.entries) in (0, len(b.entries)) for b in buckets)
+        for name, v in part.items():
+            assert v.dtype == state[name].dtype and torch.equal(v, state[name]), name
+        base = next(v for name, v in part.items() if name != "lm_head.weight")._base
+        if "model.embed_tokens.weight" in part:
+            kept = k
+        weakref.finalize(base, events.append, ("freed", k))
+        got |= set(part)
+        del part, base, v
+    thread.join(60)
+    assert got == set(state)
+    for k in range(n - 1):
+        if k != kept:
+            assert events.index(("freed", k)) < events.index(("receive", k + 1)), f"bucket {k} outlived the next"
+    sender.close()
+    receiver.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,15 @@ class Engine(abc.ABC):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Swap in new weights (the trainer calls this after each update)."""
         raise NotImplementedError(f"the {self.name} engine cannot load new weights")
+
+    async def load_weight_parts(self, parts: AsyncIterable[dict[str, Any]]) -> None:
+        """Swap in new weights that arrive in parts (a collective push hands each received bucket on before it
+        receives the next). Here the parts are gathered and loaded as one state dict; an engine that can load
+        them one by one (vllm) keeps only one part at a time."""
+        state: dict[str, Any] = {}
+        async for part in parts:
+            state.update(part)
+        await self.load_weights(state)
 
     async def close(self) -> None:  # noqa: B027 - optional
         pass

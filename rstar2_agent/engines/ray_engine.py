@@ -3,10 +3,12 @@ one `RayEngine` proxy per actor, each an ordinary Engine, so a ReplicaPool balan
 and the agent loop runs unchanged in the driver.
 
 The driver keeps the tokenizer (prompts are rendered and responses decoded there); only token ids cross the
-wire. Streaming (`on_tokens`) is delivered once, when the generation ends. Weights reach the actors two ways:
+wire. Streaming (`on_tokens`) is delivered once, when the generation ends. Weights reach the actors three ways:
 `load_weights` takes a state dict or a Ray object reference to one (put the weights once, `ray.put`, and pass
-the reference to every replica, so N replicas cost one copy into the object store, not N); or the actors join
-a weight-sync group (weight_sync.py: `join_weight_group`, then `receive_weights` while the learner broadcasts).
+the reference to every replica, so N replicas cost one copy into the object store, not N); the actors join
+a weight-sync group (weight_sync.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
+each bucket loaded before the next arrives); or, vLLM on GPUs, vLLM's own weight transfer (vllm_transfer.py:
+the learner's rank 0 calls `init_weight_transfer`, then per push `start_`, `receive_`, `finish_weight_transfer`).
 
 An actor that dies (its process killed, its node lost) is replaced: the first request to fail with the actor's
 death starts a new actor, loads the last weights it was given (`RayEngine.weights`: the last object reference,
@@ -22,7 +24,7 @@ import asyncio
 import inspect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -80,13 +82,44 @@ class EngineActor:
                                              timeout_s=timeout_s)
 
     async def receive_weights(self, buckets: list[Any]) -> int:
-        """Receive the broadcast state dict (in a thread), then load it into the engine; returns its size."""
+        """Receive the broadcast state dict bucket by bucket (in a thread), each bucket loaded into the engine
+        before the next is received (bounded receive buffers: one bucket); returns the number of names."""
         if self.group is None:
             raise EngineError("this rollout worker is in no weight-sync group: join_weight_group first")
         assert self.engine is not None
-        state = await asyncio.to_thread(self.group.receive, buckets)
-        await self.engine.load_weights(state)
-        return len(state)
+        received = self.group.receive_each(buckets)
+        count = 0
+
+        async def parts() -> AsyncIterator[dict[str, Any]]:
+            nonlocal count
+            while (part := await asyncio.to_thread(next, received, None)) is not None:
+                count += len(part)
+                yield part
+                del part
+
+        await self.engine.load_weight_parts(parts())
+        return count
+
+    def weight_transfer(self) -> tuple[str | None, int]:
+        """vLLM's weight transfer of this worker's engine ("nccl" on a GPU, else None) and its tensor-parallel size
+        (how many ranks it takes in the transfer group)."""
+        return getattr(self.engine, "weight_transfer", None), int(self.options.get("tensor_parallel_size", 1))
+
+    # vLLM's weight transfer (vllm_transfer.RolloutClient calls these from the learner's rank 0)
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        await self.engine.init_weight_transfer(init_info)  # type: ignore[union-attr]
+
+    async def start_weight_transfer(self) -> None:
+        await self.engine.start_weight_transfer()  # type: ignore[union-attr]
+
+    async def receive_weight_transfer(self, update_info: dict[str, Any]) -> None:
+        await self.engine.receive_weight_transfer(update_info)  # type: ignore[union-attr]
+
+    async def finish_weight_transfer(self) -> None:
+        await self.engine.finish_weight_transfer()  # type: ignore[union-attr]
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self.engine.shutdown_weight_transfer()  # type: ignore[union-attr]
 
     def leave_weight_group(self) -> None:
         group, self.group = self.group, None

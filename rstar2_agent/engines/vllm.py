@@ -12,10 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from .. import devices, processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from .vllm_transfer import transfer_config
+from .weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,8 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, *, context_length: int, kv_cache_gib: float = 2.0,
                  max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                  dtype: str = "auto", gpu_memory_utilization: float | None = None, seed: int = 0,
-                 enforce_eager: bool | None = None, max_num_batched_tokens: int | None = None):
+                 enforce_eager: bool | None = None, max_num_batched_tokens: int | None = None,
+                 max_message_mb: float = 2048.0, weight_transfer: str = "auto"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         import torch
         from transformers import AutoTokenizer
@@ -80,8 +84,17 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
         )
-        # the dtype the weights are pushed in after an update (half the bytes of the learner's fp32, no cast warnings)
-        self.weights_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(args["dtype"])
+        # on a GPU, pushes go through vLLM's own weight transfer (NCCL, vllm_transfer.py); else the chunked fallback
+        transfer = transfer_config(on_gpu, weight_transfer)
+        if transfer is not None:
+            args["weight_transfer_config"] = transfer
+        self.weight_transfer = "nccl" if transfer is not None else None
+        self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
+        if not 0 < max_message_mb < MESSAGE_LIMIT / 2**20:
+            raise EngineError(f"max_message_mb is between 0 and {MESSAGE_LIMIT // 2**20} (vLLM's message limit), "
+                              f"not {max_message_mb}")
+        # a weight push travels in messages of at most this (vLLM's msgpack cannot encode a bytes object of 4 GiB)
+        self.max_message_bytes = int(max_message_mb * 2**20)
         if on_gpu:
             args["gpu_memory_utilization"] = gpu_share(gpu_memory_utilization, *_gpu_memory())
             # vLLM's own server schedules 8K-16K tokens a step on a GPU; the engine arguments' fallback is 2,048
@@ -103,6 +116,11 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM could not start on {model_path}: {type(e).__name__}: {e}{hint}") from e
         # vLLM's engine core (and its workers) would outlive a SIGKILL of this process: they share its fate
         self._fate = processes.FateShare([p for p in processes.descendants(os.getpid()) if p not in before])
+        model_config = self.engine.vllm_config.model_config
+        # pushed weights travel in the dtype the engine holds (with dtype auto on a GPU: the model's, bf16 for
+        # Qwen3), half the bytes of the learner's fp32 and no cast in the workers
+        self.weights_dtype: torch.dtype = model_config.dtype
+        self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
 
     @property
     def kv_capacity(self) -> int | None:  # type: ignore[override]
@@ -173,24 +191,124 @@ class VLLMEngine(Engine):
         return Generation(ids, logprobs, "length" if finish == "length" else "stop",
                           stop_reason if isinstance(stop_reason, str) else None)
 
-    async def load_weights(self, state_dict: dict[str, Any]) -> None:
-        from safetensors.torch import save
+    async def load_weights(self, state_dict: dict[str, Any], *, max_message_bytes: int | None = None) -> None:
+        """The state dict into every worker, in messages of whole layers under the cap (weight_chunks.py)."""
+        async def one() -> AsyncIterator[dict[str, Any]]:
+            yield state_dict
 
-        seen: set[int] = set()
-        tensors = {}
-        for k, v in state_dict.items():  # tied weights (embed_tokens and lm_head) share storage: copy the second
-            v = v.detach().to("cpu", self.weights_dtype if self.weights_dtype and v.is_floating_point() else v.dtype)
-            v = v.contiguous()
-            ptr = v.untyped_storage().data_ptr()
-            tensors[k] = v.clone() if ptr in seen else v
-            seen.add(ptr)
-        blob = save(tensors)
+        await self.load_weight_parts(one(), max_message_bytes=max_message_bytes, planned=state_dict)
+
+    async def load_weight_parts(self, parts: AsyncIterable[dict[str, Any]], *, max_message_bytes: int | None = None,
+                                planned: dict[str, Any] | None = None) -> None:
+        """New weights in parts (each part a state dict of whole layers, e.g. a received bucket), in one
+        layerwise-reload session: each part goes in messages of at most `max_message_bytes` (default: the
+        engine's `max_message_mb`), then the names vLLM loaded are checked against those sent (EngineError
+        naming the missing). Generation pauses for the push. `planned`: the whole state dict when known up
+        front, so that a layer over the cap is refused before anything is sent."""
+        cap = int(max_message_bytes or self.max_message_bytes)
+        if planned is not None:
+            chunks(self._sizes(planned), cap)
+        sent: list[str] = []
+        loaded: list[set[str]] | None = None  # per worker (tensor parallel ranks each load their shard)
         await self.engine.pause_generation(mode="wait")
         try:
-            await self.engine.collective_rpc("load_safetensors_bytes", args=(blob,))
+            await self.engine.collective_rpc("begin_weight_push")
+            try:
+                async for part in parts:
+                    for names in chunks(self._sizes(part), cap):
+                        blob = self._blob({k: part[k] for k in names})
+                        if len(blob) > cap:  # the header budget of weight_chunks.py was short: a bug, not input
+                            raise EngineError(f"a weight message of {len(blob)} bytes passed the cap of {cap}")
+                        got = await self.engine.collective_rpc("load_weight_chunk", args=(blob,))
+                        del blob
+                        loaded = loaded or [set() for _ in got]
+                        for mine, theirs in zip(loaded, got, strict=True):
+                            mine |= set(theirs)
+                        sent += names
+                    del part  # before the next part is received: one part held at a time
+            finally:  # also after a failure: the model must not stay half restored on the meta device
+                await self.engine.collective_rpc("end_weight_push")
             await self.engine.reset_prefix_cache()  # KV computed with the old weights must not be reused
         finally:
             await self.engine.resume_generation()
+        everywhere = set.intersection(*loaded) if loaded else set()
+        missing = not_loaded(sent, everywhere, self.tied_embeddings)
+        if missing:
+            raise not_loaded_error(missing, len(sent), f"vLLM ({self.model_path})")
+
+    def _sizes(self, state: dict[str, Any]) -> dict[str, int]:
+        """Bytes of each tensor as it travels (floating point in the engine's dtype)."""
+        return {k: v.numel() * (self.weights_dtype.itemsize if v.is_floating_point() else v.element_size())
+                for k, v in state.items()}
+
+    def _blob(self, tensors: dict[str, Any]) -> bytes:
+        """One message: the tensors on the CPU in the engine's dtype, as safetensors."""
+        from safetensors.torch import save
+
+        seen: set[int] = set()
+        out = {}
+        for k, v in tensors.items():  # tied weights (embed_tokens and lm_head) share storage: copy the second
+            v = v.detach().to("cpu", self.weights_dtype if v.is_floating_point() else v.dtype).contiguous()
+            ptr = v.untyped_storage().data_ptr()
+            out[k] = v.clone() if ptr in seen else v
+            seen.add(ptr)
+        return save(out)
+
+    # ---- vLLM's own weight transfer (GPU): the learner's rank 0 drives these through vllm_transfer.RolloutClient
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self.weight_transfer is None:
+            raise EngineError("this vLLM engine was started without a weight transfer (CPU, or "
+                              "weight_transfer=fallback): push with load_weights")
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_transfer(self) -> None:
+        await self.engine.pause_generation(mode="wait")
+        self._transfer = {"names": []}
+        try:
+            await self.engine.start_weight_update()
+        except BaseException:
+            await self.abort_weight_transfer()
+            raise
+
+    async def receive_weight_transfer(self, update_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if self._transfer is None:
+            raise EngineError("receive_weight_transfer before start_weight_transfer")
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        self._transfer["names"] += list(update_info["names"])
+
+    async def finish_weight_transfer(self) -> None:
+        """End the push (vLLM finishes its layerwise reload), then check the names loaded against those sent."""
+        if self._transfer is None:
+            raise EngineError("finish_weight_transfer before start_weight_transfer")
+        sent, self._transfer = self._transfer["names"], None
+        try:
+            await self.engine.finish_weight_update()
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self.engine.resume_generation()
+        got = await self.engine.collective_rpc("transferred_weight_names")
+        missing = not_loaded(sent, set.intersection(*(set(g) for g in got)), self.tied_embeddings)
+        if missing:
+            raise not_loaded_error(missing, len(sent), f"vLLM ({self.model_path})")
+
+    async def abort_weight_transfer(self) -> None:
+        """After a push that failed half way (a member died in the broadcast): the layerwise reload is ended, so
+        that every module holds weights again (the old ones where nothing new arrived), and generation resumes."""
+        if self._transfer is None:
+            return
+        self._transfer = None
+        try:
+            await self.engine.collective_rpc("end_weight_push")
+        finally:
+            await self.engine.resume_generation()
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self.abort_weight_transfer()
+        await self.engine.shutdown_weight_transfer_engine()
 
     async def close(self) -> None:
         engine = getattr(self, "engine", None)

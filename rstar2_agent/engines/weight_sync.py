@@ -5,20 +5,25 @@ answers to the same name).
 The group is stateless: a TCPStore that rank 0 hosts is the rendezvous, and the process group object is held
 by whoever made it (it is not torch.distributed's default group, so a learner rank that already runs FSDP can
 join it too, and a replacement rollout worker can be given a fresh group without touching the learner's).
-Rank 0 sends the state dict as flat buckets (one dtype each, at most `bucket_mb`, in a fixed order that the
-`plan` gives every rank beforehand); the workers receive into buffers of the same layout and cut them back
-into named tensors. Names that share one tensor (tied embeddings) travel once. Every wait (the rendezvous, each
-bucket) has a timeout and fails with a `WeightSyncError` that names what was awaited.
+Rank 0 sends the state dict as flat buckets (one dtype each, whole layers, at most `bucket_mb`, in a fixed order
+that the `plan` gives every rank beforehand); the workers receive into buffers of the same layout and cut them
+back into named tensors, one bucket at a time, each handed to the engine before the next is received (so the
+receive buffers on a rollout GPU beside vLLM are one bucket, not the model). Names that share one tensor (tied
+embeddings) travel once. Every wait (the rendezvous, each bucket) has a timeout and fails with a
+`WeightSyncError` that names what was awaited.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .weight_chunks import units
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +50,10 @@ class Bucket:
 
 def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: float = 256.0,
          aliases: dict[str, str] | None = None) -> list[Bucket]:
-    """The buckets for a state dict given as {name: (dtype, shape)}: names in their order, grouped by dtype,
-    a new bucket when the current one would pass `bucket_mb` (a tensor larger than that is a bucket alone).
+    """The buckets for a state dict given as {name: (dtype, shape)}: whole layers (weight_chunks.units, in the
+    order of their first name) grouped by dtype, a new bucket when the next layer would take the current one past
+    `bucket_mb` (a layer larger than that is a bucket alone), so a receiver that hands each bucket to its engine
+    before the next never hands on part of a layer and holds at most max(bucket_mb, the largest layer).
     `aliases`: {name: an earlier name holding the same tensor}; those names travel as references."""
     aliases = aliases or {}
     limit = int(bucket_mb * 2**20)
@@ -59,21 +66,31 @@ def plan(shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], bucket_mb: floa
         if entries:
             out.append(Bucket(str(dtype).removeprefix("torch."), sizes.pop(dtype), tuple(entries)))
 
-    for name, (dtype, shape) in shapes.items():
-        if name in aliases:
-            open_.setdefault(dtype, []).append(Entry(name, tuple(int(d) for d in shape), 0, 0, aliases[name]))
-            sizes.setdefault(dtype, 0)
-            continue
-        numel = 1
+    def numel(shape: tuple[int, ...]) -> int:
+        n = 1
         for d in shape:
-            numel *= int(d)
-        item = torch.empty((), dtype=dtype).element_size()
-        if open_.get(dtype) and (sizes[dtype] + numel) * item > limit:
-            close(dtype)
-        entries = open_.setdefault(dtype, [])
-        offset = sizes.get(dtype, 0)
-        entries.append(Entry(name, tuple(int(d) for d in shape), offset, numel))
-        sizes[dtype] = offset + numel
+            n *= int(d)
+        return n
+
+    for names in units(shapes).values():
+        need: dict[torch.dtype, int] = {}  # the layer's bytes per dtype
+        for name in names:
+            dtype, shape = shapes[name]
+            if name not in aliases:
+                need[dtype] = need.get(dtype, 0) + numel(shape) * torch.empty((), dtype=dtype).element_size()
+        for dtype, n in need.items():
+            item = torch.empty((), dtype=dtype).element_size()
+            if open_.get(dtype) and sizes[dtype] * item + n > limit:
+                close(dtype)
+        for name in names:
+            dtype, shape = shapes[name]
+            entries = open_.setdefault(dtype, [])
+            offset = sizes.setdefault(dtype, 0)
+            if name in aliases:
+                entries.append(Entry(name, tuple(int(d) for d in shape), 0, 0, aliases[name]))
+                continue
+            entries.append(Entry(name, tuple(int(d) for d in shape), offset, numel(shape)))
+            sizes[dtype] = offset + numel(shape)
     for dtype in list(open_):
         close(dtype)
     return out
@@ -86,15 +103,32 @@ def backend_for(device: str) -> str:
 def unpack(flats: list[torch.Tensor], buckets: list[Bucket]) -> dict[str, torch.Tensor]:
     """Named views of the flat buckets (a name that shares a tensor gets the same view)."""
     out: dict[str, torch.Tensor] = {}
-    for flat, b in zip(flats, buckets, strict=True):
+    for part in unpack_each(flats, buckets):
+        out.update(part)
+    return {e.name: out[e.name] for b in buckets for e in b.entries}
+
+
+def unpack_each(flats: Iterable[torch.Tensor], buckets: list[Bucket]) -> Iterator[dict[str, torch.Tensor]]:
+    """Named views of each flat bucket as it comes (`flats` may be a generator that receives them). Only a
+    tensor that a later name refers to (tied weights) is kept past its bucket, so a consumer that drops each
+    part holds one bucket."""
+    referred = {e.same_as for b in buckets for e in b.entries if e.same_as is not None}
+    kept: dict[str, torch.Tensor] = {}
+    received = iter(flats)
+    for b in buckets:  # not zip(): its reused result tuple would hold each buffer until the next had arrived
+        flat = next(received)
+        part: dict[str, torch.Tensor] = {}
         for e in b.entries:
             if e.same_as is None:
-                out[e.name] = flat[e.offset:e.offset + e.numel].view(e.shape)
-    for b in buckets:
+                part[e.name] = flat[e.offset:e.offset + e.numel].view(e.shape)
+                if e.name in referred:
+                    kept[e.name] = part[e.name]
         for e in b.entries:
             if e.same_as is not None:
-                out[e.name] = out[e.same_as]
-    return {e.name: out[e.name] for b in buckets for e in b.entries}
+                part[e.name] = kept[e.same_as]
+        del flat
+        yield part
+        del part  # before the next bucket is received
 
 
 def nbytes(buckets: list[Bucket]) -> int:
@@ -151,12 +185,23 @@ class WeightGroup:
 
     def receive(self, buckets: list[Bucket], device: str | None = None) -> dict[str, torch.Tensor]:
         """Ranks 1..N: the state dict rank 0 sends, as views of the received buckets (on `device`)."""
-        flats = []
-        for k, b in enumerate(buckets):
-            flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.device)
-            self._broadcast(flat, f"bucket {k + 1}/{len(buckets)}")
-            flats.append(flat if device is None else flat.to(device))
-        return unpack(flats, buckets)
+        out: dict[str, torch.Tensor] = {}
+        for part in self.receive_each(buckets, device):
+            out.update(part)
+        return out
+
+    def receive_each(self, buckets: list[Bucket], device: str | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Ranks 1..N: the state dict rank 0 sends, one bucket at a time (its named views, on `device`): a bucket
+        is received when the previous part has been taken, so a consumer that loads each part before asking for
+        the next holds one bucket of receive buffers (on a rollout GPU, beside vLLM), not the whole model."""
+        def flats() -> Iterator[torch.Tensor]:
+            for k, b in enumerate(buckets):
+                flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.device)
+                self._broadcast(flat, f"bucket {k + 1}/{len(buckets)}")
+                yield flat if device is None else flat.to(device)
+                del flat
+
+        return unpack_each(flats(), buckets)
 
     def close(self) -> None:
         pg, self.pg = getattr(self, "pg", None), None

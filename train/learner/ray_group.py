@@ -61,7 +61,10 @@ class RayConfig:
     sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
     weight_push: str = "collective"  # or object_store (see the module docstring)
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
-    weight_bucket_mb: float = 256.0  # collective: tensors go in flat buckets of at most this size
+    weight_bucket_mb: float = 256.0  # collective: whole layers go in buckets of at most this size (receive memory)
+    # collective to vLLM rollout workers on GPUs: through vLLM's own weight transfer (NCCL); False: the weight-sync
+    # group of weight_sync.py, as on CPU
+    vllm_weight_transfer: bool = True
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
     # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as
     # few nodes as fit (FSDP's collectives stay on a node's fast links where they can), STRICT_PACK on one node
@@ -122,6 +125,8 @@ class LearnerActor:
         self.group: Any = None  # rank 0: the weight-sync group (weight_sync.WeightGroup)
         self.pushed: dict[str, Any] | None = None  # rank 0, collective: the last pushed weights (for replacements)
         self.pushed_ref_: list[Any] = []
+        self.transfer: Any = None  # every rank, vLLM's weight transfer: vLLM's NCCLTrainerWeightTransferEngine
+        self.kept: dict[str, Any] = {}  # rank 0, vLLM's weight transfer: CPU copies of what it sends
 
     def address(self) -> tuple[str, int]:
         """This node's address as Ray knows it (reachable from the other nodes) and a free port."""
@@ -189,6 +194,38 @@ class LearnerActor:
         group, self.group = self.group, None
         if group is not None:
             group.close()
+        transfer, self.transfer = self.transfer, None
+        if transfer is not None:
+            transfer.shutdown()
+
+    def join_vllm_transfer(self, host: str, port: int, world: int, rollout: list[Any], tensor_parallel: list[int],
+                           dtype: str | None, bucket_mb: float, timeout_s: float) -> None:
+        """Every rank: vLLM's trainer-side NCCL weight transfer (rank 0 sends; the others take part in the
+        gathers), to the rollout workers' actors `rollout` (engines of `tensor_parallel` ranks each)."""
+        import torch
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        from rstar2_agent.engines.vllm_transfer import RolloutClient, source
+
+        self.leave_weight_group()
+        client = RolloutClient(rollout, tensor_parallel, timeout_s)
+        if self.rank == 0:
+            client.shutdown_weight_transfer_engine()  # a previous group's, on the workers that had one
+        self.kept = {}
+        src = source(self.learner.model, torch.bfloat16 if dtype == "bf16" else None,
+                     keep=self.kept if self.rank == 0 else None)
+        info = NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world, rank=self.rank,
+                                   packed=True, packed_buffer_size_bytes=int(bucket_mb * 2**20))
+        self.transfer = NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=src)
+
+    def send_weights_vllm(self) -> None:
+        """Every rank: one push through vLLM's weight transfer; rank 0 keeps what it sent (for a replacement)."""
+        if self.transfer is None:
+            raise RuntimeError("this rank is in no vLLM weight transfer: the learner group sets it up before a push")
+        self.transfer.send_weights()
+        if self.rank == 0:
+            self.pushed = dict(self.kept)  # the source refills `kept` with new tensors at the next push
+            self.pushed_ref_ = []
 
     def send_weights(self, buckets: list[Any]) -> int:
         """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
@@ -250,6 +287,7 @@ class LearnerGroup:
             raise ValueError(f"ray.weight_push is collective or object_store, not {cfg.weight_push!r}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
+        self.via_vllm = False  # that group is vLLM's weight transfer (GPUs), not weight_sync.py's
         self.plan: list[Any] = []
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
@@ -342,29 +380,43 @@ class LearnerGroup:
             w.weights = self._last_pushed
 
     async def _group(self, workers: list[Any]) -> None:
-        """(Re)build the weight-sync group when its members changed (first push, a replaced worker)."""
+        """(Re)build the weight-sync group when its members changed (first push, a replaced worker): vLLM's weight
+        transfer when rank 0 and every rollout worker are on GPUs and every engine has it, else weight_sync.py's."""
         members = tuple((id(w), w.incarnation) for w in workers)
         if members == self.members:
             return
         rank0, timeout = self.actors[0], self.cfg.weight_push_timeout_s
         devices = await asyncio.gather(rank0.device.remote(), *(w.actor.device.remote() for w in workers))
         device = "cuda" if all(d.startswith("cuda") for d in devices) else "cpu"
+        transfers = await asyncio.gather(*(w.actor.weight_transfer.remote() for w in workers))
+        self.via_vllm = (device == "cuda" and self.cfg.vllm_weight_transfer
+                         and all(kind == "nccl" for kind, _ in transfers))
         host, port = await rank0.address.remote()
-        world = 1 + len(workers)
-        await asyncio.wait_for(asyncio.gather(
-            rank0.join_weight_group.remote(host, port, world, device, timeout),
-            *(w.actor.join_weight_group.remote(host, port, 1 + i, world, device, timeout)
-              for i, w in enumerate(workers))), timeout + 30)
-        self.plan = await rank0.weight_plan.remote(self.push_dtype, self.cfg.weight_bucket_mb)
+        if self.via_vllm:
+            tensor_parallel = [tp for _, tp in transfers]
+            await asyncio.wait_for(asyncio.gather(*(
+                a.join_vllm_transfer.remote(host, port, 1 + sum(tensor_parallel), [w.actor for w in workers],
+                                            tensor_parallel, self.push_dtype, self.cfg.weight_bucket_mb, timeout)
+                for a in self.actors)), timeout + 30)
+        else:
+            world = 1 + len(workers)
+            await asyncio.wait_for(asyncio.gather(
+                rank0.join_weight_group.remote(host, port, world, device, timeout),
+                *(w.actor.join_weight_group.remote(host, port, 1 + i, world, device, timeout)
+                  for i, w in enumerate(workers))), timeout + 30)
+            self.plan = await rank0.weight_plan.remote(self.push_dtype, self.cfg.weight_bucket_mb)
         self.members = members
         log.info("weight-sync group: learner rank 0 and %d rollout workers over %s", len(workers),
-                 "nccl" if device == "cuda" else "gloo")
+                 "vLLM's weight transfer (nccl)" if self.via_vllm else "nccl" if device == "cuda" else "gloo")
 
     async def _broadcast(self, workers: list[Any]) -> None:
         await self._group(workers)
-        await asyncio.wait_for(asyncio.gather(
-            *(a.send_weights.remote(self.plan) for a in self.actors),
-            *(w.actor.receive_weights.remote(self.plan) for w in workers)), self.cfg.weight_push_timeout_s + 30)
+        if self.via_vllm:
+            sends = [a.send_weights_vllm.remote() for a in self.actors]
+        else:
+            sends = [*(a.send_weights.remote(self.plan) for a in self.actors),
+                     *(w.actor.receive_weights.remote(self.plan) for w in workers)]
+        await asyncio.wait_for(asyncio.gather(*sends), self.cfg.weight_push_timeout_s + 30)
 
     async def _last_pushed(self) -> Any:
         refs = await self.actors[0].pushed_ref.options(concurrency_group="weights").remote()
