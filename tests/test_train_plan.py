@@ -46,11 +46,11 @@ def test_the_14b_rl_recipe_fits_its_64_gpus_and_not_without_checkpointing_or_wit
 def test_the_collective_push_receiving_the_whole_model_beside_vllm_at_085_does_not_fit():
     """Crash 3: the whole bf16 model (27.5 GiB) received on a rollout GPU where vLLM took 85%; a bucket fits."""
     at_085 = rl14("ray.engine_options={gpu_memory_utilization: 0.85, max_num_seqs: 256}")
-    rollout = {g.role: g for g in plan_rl(at_085, gpu_memory_gib=MI300X_GIB).gpus}["rollout"]
+    rollout = {g.role: g for g in plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="model").gpus}["rollout"]
     assert not rollout.fits and rollout.parts["receive_buffers"] == pytest.approx(27.5, abs=0.1)
-    plan = plan_rl(at_085, gpu_memory_gib=MI300X_GIB)
+    plan = plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="model")
     assert any("gpu_memory_utilization" in a for a in plan.advice)
-    assert plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="bucket").fits
+    assert plan_rl(at_085, gpu_memory_gib=MI300X_GIB).fits  # the push receives a bucket at a time
 
 
 def test_one_gpu_with_the_in_process_vllm_engine_leaves_vllm_too_little():

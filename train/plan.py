@@ -8,7 +8,7 @@ over the learner ranks (a Ray group's `ray.learners`, or torchrun's processes fo
 compute uses (FSDP2 all-gathers each layer in bf16 and keeps the root's embedding and lm_head unsharded through
 forward and backward; one process under autocast caches a bf16 copy of every weight), plus the activations of
 one micro-batch. Engine: vLLM takes `gpu_memory_utilization` of its GPU (weights, KV cache, its activations), and
-the collective push receives the new weights beside it (the whole bf16 model today, or one bucket).
+the collective push receives the new weights beside it, one bucket at a time (or, as it did before, the whole model).
 """
 
 from __future__ import annotations
@@ -259,8 +259,8 @@ def engine_parts(s: Shape, options: dict[str, Any], capacity_gib: float, receive
              "(vllm: kv for one sequence)": one, "vllm_gpu_memory_utilization": vllm}
     if receive == "model":
         parts["receive_buffers"] = weights
-    elif receive == "bucket":
-        parts["receive_buffers"] = bucket_mb * 2**20 / GIB
+    elif receive == "bucket":  # a bucket holds whole layers: at least the largest, the bf16 embedding
+        parts["receive_buffers"] = max(bucket_mb * 2**20, 2 * s.vocab * s.hidden) / GIB
     if receive != "host":
         parts["runtime"] = RUNTIME_GIB  # the receiving process's own context, beside vLLM's
     kv_tokens = int(kv * GIB / (s.kv_bytes_per_token() / tp)) if kv > 0 else 0
@@ -291,13 +291,14 @@ def _rl_micro_batch(cfg: Any, seq: int) -> tuple[int, bool]:
 
 
 def plan_rl(cfg: Any, *, recipe: str = "", gpu_memory_gib: float | None = None, gpus: int | None = None,
-            prompt_tokens: int = PROMPT_TOKENS, logits_chunk: int | None = None, receive: str = "model",
+            prompt_tokens: int = PROMPT_TOKENS, logits_chunk: int | None = None, receive: str = "bucket",
             shape: Shape | None = None) -> Plan:
     """The plan of an RL recipe (`RLConfig`) on its placement: `distributed: ray` puts learners and rollout workers
     on separate GPUs; one process with `rollout_engine: vllm` holds both on one GPU (vLLM takes its
     `gpu_memory_utilization` of it); `rollout_engine: hf` generates on the learner's own weights. `receive`: what
-    the collective push receives on a rollout GPU: model (today: every bucket is kept there until the engine loads
-    them), bucket (one at a time), host (in-process pushes through host memory)."""
+    the collective push receives on a rollout GPU: bucket (one at a time, each loaded before the next: the push),
+    model (every bucket kept there until the engine loads them, the push before buckets were loaded one by one),
+    host (in-process pushes through host memory)."""
     if receive not in RECEIVE:
         raise PlanError(f"receive is one of {', '.join(RECEIVE)}, not {receive!r}")
     s = shape or model_shape(cfg.model)

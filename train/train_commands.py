@@ -106,9 +106,9 @@ def _memory_check(cfg, kind: str, recipe: str) -> None:
 @click.option("--logits-chunk", type=click.IntRange(0), default=None,
               help="RL: log-probabilities in chunks of this many tokens (0: the full fp32 [tokens x vocab] logits; "
                    "default: the recipe's logprob_chunk_tokens when it has one).")
-@click.option("--receive", type=click.Choice(["model", "bucket", "host"]), default="model", show_default=True,
-              help="RL on Ray: what the weight push receives on a rollout GPU (model: the whole bf16 model, as the "
-                   "collective push does today; bucket: one bucket; host: nothing on the GPU).")
+@click.option("--receive", type=click.Choice(["model", "bucket", "host"]), default="bucket", show_default=True,
+              help="RL on Ray: what the weight push receives on a rollout GPU (bucket: one bucket at a time, as the "
+                   "push does; model: the whole bf16 model, as it did before; host: nothing on the GPU).")
 @click.option("--shape", default=None, help="Size this model instead of the recipe's (a folder or a known name).")
 @click.option("--json", "as_json", is_flag=True, help='Print the plan as JSON ("fits": true|false, GiB per component).')
 @click.argument("overrides", nargs=-1)
