@@ -18,6 +18,10 @@
   group is rebuilt at the next push, or at once when a push fails on a dead member (then the push is retried
   once).
 
+Checkpoints: every rank writes its own shards of the weights and optimizer, and its share of the HF export, to
+the checkpoint folder (learner/checkpoint.py), which must be on a filesystem all learner nodes mount; their waits
+run on a gloo group of the ranks under `checkpoint.timeout_s`, never under the FSDP group's `group_timeout_s`.
+
 `ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
 least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
 laptop and is what the tests drive.
@@ -61,6 +65,7 @@ class RayConfig:
     weight_push: str = "collective"  # or object_store (see the module docstring)
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
     weight_bucket_mb: float = 256.0  # collective: tensors go in flat buckets of at most this size
+    group_timeout_s: float = 600.0  # each collective of the learner ranks' FSDP group (checkpoints wait apart)
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
 
     def cpus_needed(self) -> float:
@@ -103,15 +108,17 @@ class LearnerActor:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
-              dtype: str) -> str:
+              dtype: str, checkpoint: dict[str, Any], group_timeout_s: float) -> str:
         import torch
 
+        from .checkpoint import CheckpointConfig
         from .model import OptimConfig, TorchLearner
 
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
+        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype,
+                                    checkpoint=CheckpointConfig(**checkpoint), group_timeout_s=group_timeout_s)
         return str(self.learner.device)
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
@@ -208,7 +215,8 @@ class LearnerActor:
 class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
-    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
+    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
+                 checkpoint: Any = None):
         import ray
         from transformers import AutoTokenizer
 
@@ -225,8 +233,11 @@ class LearnerGroup:
                          concurrency_groups={"weights": 1})(LearnerActor)
         self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
         master = ray.get(self.actors[0].address.remote())
-        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
-                           for a in self.actors])
+        from .checkpoint import CheckpointConfig
+
+        saving = asdict(checkpoint or CheckpointConfig())
+        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype, saving,
+                                          cfg.group_timeout_s) for a in self.actors])
         log.info("learner group: %d ranks on %s", len(self.actors), ", ".join(devices))
 
     @property
