@@ -85,12 +85,14 @@ def _rank(rank: int, world: int, port: int, job: str, model: str, folder: str, o
                 _slow(SLOW_S, what)
         learner.save(folder, {"stage": 0}, {"format": "hermes", "step": learner.step})
         state = _full(learner)
+        if rank == 0:  # before the next step, which moves the optimizer's tensors in place
+            torch.save(state, out)
         _steps(learner, 1)  # the learner group's collectives still work after the save
     else:
         learner.load_state(folder)
         state = _full(learner)
-    if rank == 0:
-        torch.save(state, out)
+        if rank == 0:
+            torch.save(state, out)
     if world > 1:
         torch.distributed.destroy_process_group()
 
