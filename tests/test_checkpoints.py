@@ -156,7 +156,8 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks_with_the_same_state(tmp
             k: tuple(v.shape) for k, v in exported.items()}
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved["weights"][k]), k
-    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    for name in ("config.json", "generation_config.json"):  # as save_pretrained writes them (not FSDPLlama...)
+        assert json.loads((folder / name).read_text()) == json.loads((tmp_path / "hf" / name).read_text())
 
 
 @pytest.mark.slow
