@@ -166,6 +166,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         assert upd["update_tokens"] > 0 and run.learner.step == 1
         assert await run.sync_weights() > 0
         checkpoint = run.save(1, 0)
+        assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
         local = TorchLearner(run.resolved.path, optim, 2, dtype="fp32")
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
@@ -190,7 +191,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         assert not ray.is_initialized()  # the run started its local cluster, so it stopped it
 
         ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # a user who connected Ray themselves
-        resumed = RLRun(cfg, resume=True)  # the FSDP ranks reload the gathered optimizer state
+        resumed = RLRun(cfg, resume=True)  # each FSDP rank reads its shards of the optimizer state
         try:
             assert resumed.learner.step == 1 and resumed.state["stage"] == 0
             assert Path(resumed.resolved.path).resolve() == checkpoint.resolve()

@@ -174,18 +174,18 @@ def test_resume_takes_exactly_the_next_step(tmp_path, tiny_smollm2):
 @pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
     cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1)
-    from transformers import PreTrainedModel
+    from rstar2_agent.train.learner import checkpoint
 
-    real = PreTrainedModel.save_pretrained
+    real = checkpoint.save_file
     calls = []
 
-    def full_disk(self, *a, **kw):
+    def full_disk(*a, **kw):  # the second checkpoint's HF export meets a full disk
         calls.append(1)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return real(self, *a, **kw)
+        return real(*a, **kw)
 
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
     with pytest.raises(OSError, match="No space left"):
         run_sft(cfg)
     (only,) = checkpoints(cfg.out)

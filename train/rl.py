@@ -32,6 +32,7 @@ from rstar2_agent.models import resolve_model
 from rstar2_agent.store import Store
 
 from .learner.backend import backend, local_sandbox
+from .learner.checkpoint import CheckpointConfig
 from .learner.model import OptimConfig
 from .learner.protocol import Learner
 from .learner.ray_group import RayConfig
@@ -109,6 +110,7 @@ class RLConfig:
     seed: int = 0
     out: str = "runs/rl"
     save_every: int = 0  # steps; stage ends always save
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # layout, export dtype, write timeout
     db: str | None = None
     run: str | None = None
     tensorboard: bool = False  # per-step metrics to out/tensorboard, when tensorboard is installed

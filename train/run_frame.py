@@ -48,7 +48,8 @@ def save_checkpoint(learner: Any, cfg: Any, stage: str, step: int, context_lengt
     meta = {"format": cfg.format, "context_length": context_length, "stage": stage, "trained_from": cfg.model,
             "step": step}
     path = learner.save(Path(cfg.out) / f"checkpoint-{step}", extra or {}, meta)
-    link_last(path)
+    if getattr(learner, "rank", 0) == 0:  # under torchrun every rank saves; one of them moves the link
+        link_last(path)
     return path
 
 

@@ -2,8 +2,8 @@
 
 Data (chat records, see data/converters.py) is rendered through the shared chat format with an assistant-only
 loss mask, packed, and trained for `epochs` (or `max_steps`) with the learner. Every step's metrics go to the
-store; checkpoints are HF folders plus the trainer state, and `resume` continues from the last one exactly:
-the data order is a function of (seed, epoch) and the position is the step.
+store; checkpoints are an HF export beside the sharded trainer state (learner/checkpoint.py), and `resume`
+continues from the last one exactly: the data order is a function of (seed, epoch) and the position is the step.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from rstar2_agent.models import resolve_model
 
 from .data.chat_data import DataStats, Row, collate, pack
 from .data.sft_mix import load_mix, render_parts, report
-from .learner.model import OptimConfig, TorchLearner
+from .learner.checkpoint import CheckpointConfig
+from .learner.model import GROUP_TIMEOUT_S, OptimConfig, TorchLearner
 from .run_frame import RunFrame, resume_from, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class SFTConfig:
     seed: int = 0
     out: str = "runs/sft"
     save_every: int = 0  # steps; 0: only at the end
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # layout, export dtype, write timeout
+    group_timeout_s: float = GROUP_TIMEOUT_S  # each collective of the torchrun ranks' group
     on_bad_line: str = "skip"  # skip or fail
     overlong: str = "drop"  # drop or truncate
     db: str | None = None  # the store (default $RSTAR2_HOME/rstar2.db)
@@ -102,7 +105,8 @@ class SFTRun:
         steps_per_epoch = max(1, len(self.rows) // self.per_step)
         self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
         learner = TorchLearner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
-                          gradient_checkpointing=cfg.gradient_checkpointing)
+                               gradient_checkpointing=cfg.gradient_checkpointing, checkpoint=cfg.checkpoint,
+                               group_timeout_s=cfg.group_timeout_s)
         if self.last is not None:
             learner.load_state(self.last)
         return learner

@@ -1,6 +1,6 @@
 """The learner: a transformers causal LM in torch, AdamW with warm-up then cosine (or constant) decay,
-gradient accumulation and clipping, and checkpoints that are standard HF folders (`--model PATH` takes them
-anywhere) plus the state needed to resume exactly.
+gradient accumulation and clipping, and checkpoints that hold an HF export (`--model PATH` takes them anywhere)
+beside the sharded state a resume needs, on any number of ranks (checkpoint.py).
 
 Weights and optimizer state stay fp32; matmuls run in bf16 where the hardware has it (CUDA GPUs with bf16,
 CPUs with AMX: about 2x on this machine's 2 cores), through autocast. On several GPUs the same code runs
@@ -10,21 +10,21 @@ process. SFT and RL share it.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import random
-import shutil
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from . import checkpoint as ckpt
+from .checkpoint import CheckpointConfig
+
 log = logging.getLogger(__name__)
-STATE_FILE = "trainer_state.pt"
+GROUP_TIMEOUT_S = 600.0  # the learner group's collectives (torch's NCCL default); checkpoints wait on their own group
 
 
 @dataclass
@@ -58,12 +58,13 @@ def bf16_supported(device: torch.device) -> bool:
         return False
 
 
-def distributed() -> tuple[int, int]:
-    """(rank, world size); initializes the process group under torchrun."""
+def distributed(timeout_s: float = GROUP_TIMEOUT_S) -> tuple[int, int]:
+    """(rank, world size); initializes the process group under torchrun (or Ray's ranks), each of its collectives
+    timing out after `timeout_s`."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
+        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     rank = torch.distributed.get_rank() if world > 1 else 0
@@ -117,13 +118,16 @@ def load_model(model_path: str, device: torch.device, *, rank: int, world: int, 
 
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
-                 gradient_checkpointing: bool = False, fsdp: bool = False):
+                 gradient_checkpointing: bool = False, fsdp: bool = False,
+                 checkpoint: CheckpointConfig | None = None, group_timeout_s: float = GROUP_TIMEOUT_S):
         """`fsdp`: shard with FSDP2 even as the only rank (the GPU check's one-rank group); more than one rank always
         shards."""
         from transformers import AutoTokenizer
 
-        self.rank, self.world = distributed()
+        self.rank, self.world = distributed(group_timeout_s)
         self.sharded = self.world > 1 or fsdp
+        self.checkpoint = checkpoint or CheckpointConfig()
+        self.io_group = ckpt.io_group(self.world, self.checkpoint.timeout_s)  # a checkpoint's waits run on it
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         if dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, not {dtype!r}")
@@ -185,16 +189,9 @@ class TorchLearner:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.model.state_dict()
 
-    def optimizer_state(self) -> dict[str, Any]:
-        """The whole optimizer state (under FSDP gathered from the shards: every rank must call it)."""
-        if self.sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            return get_optimizer_state_dict(self.model, self.optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return self.optimizer.state_dict()
-
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """The whole optimizer state at once (a checkpoint of the earlier layout; under FSDP each rank takes its
+        shards of it)."""
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -204,50 +201,9 @@ class TorchLearner:
             self.optimizer.load_state_dict(state)
 
     def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
-        """Write the HF folder and the trainer state to a temporary folder, then rename it into place, so a
-        failed write (a full disk) leaves the previous checkpoint whole."""
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".tmp")
-        state, optim = self.full_state_dict(), self.optimizer_state()
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            try:
-                self.model.save_pretrained(tmp, state_dict=state)
-                self.tokenizer.save_pretrained(tmp)
-                (tmp / "rstar2.json").write_text(json.dumps(meta, indent=2))
-                torch.save({"step": self.step, "optimizer": optim,
-                            "scheduler": self.scheduler.state_dict(), "rng": rng_state(), **extra}, tmp / STATE_FILE)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            old = folder.with_name(folder.name + ".old")
-            if folder.exists():
-                folder.rename(old)
-            tmp.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-        if self.sharded:
-            torch.distributed.barrier()
-        return folder
+        """The sharded state and the HF export (checkpoint.py), written atomically; every rank calls it."""
+        return ckpt.save(self, folder, extra, meta)
 
     def load_state(self, folder: str | Path) -> dict[str, Any]:
-        """Optimizer, scheduler, step and RNG from a checkpoint whose weights this learner was built from."""
-        state = torch.load(Path(folder) / STATE_FILE, weights_only=False)
-        self.load_optimizer_state(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-        set_rng_state(state["rng"])
-        return state
-
-
-def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s: dict[str, Any]) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if s.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+        """Weights, optimizer, scheduler, step and RNG from a checkpoint (saved on any number of ranks)."""
+        return ckpt.load(self, folder)

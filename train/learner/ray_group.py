@@ -19,6 +19,10 @@
   watchdog tearing down rank 0, which is also an FSDP rank); the group is rebuilt when its members changed, or at
   once when a push fails anyway (a death during the push: then the push is retried once).
 
+Checkpoints: every rank writes its own shards of the weights and optimizer, and its share of the HF export, to
+the checkpoint folder (learner/checkpoint.py), which must be on a filesystem all learner nodes mount; their waits
+run on a gloo group of the ranks under `checkpoint.timeout_s`, never under the FSDP group's `group_timeout_s`.
+
 `ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
 least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
 laptop and is what the tests drive.
@@ -65,6 +69,7 @@ class RayConfig:
     # collective to vLLM rollout workers on GPUs: through vLLM's own weight transfer (NCCL); False: the weight-sync
     # group of weight_sync.py, as on CPU
     vllm_weight_transfer: bool = True
+    group_timeout_s: float = 600.0  # each collective of the learner ranks' FSDP group (checkpoints wait apart)
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
     # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as
     # few nodes as fit (FSDP's collectives stay on a node's fast links where they can), STRICT_PACK on one node
@@ -138,15 +143,17 @@ class LearnerActor:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
-              dtype: str) -> str:
+              dtype: str, checkpoint: dict[str, Any], group_timeout_s: float) -> str:
         import torch
 
+        from .checkpoint import CheckpointConfig
         from .model import OptimConfig, TorchLearner
 
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
+        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype,
+                                    checkpoint=CheckpointConfig(**checkpoint), group_timeout_s=group_timeout_s)
         return str(self.learner.device)
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
@@ -275,7 +282,8 @@ class LearnerActor:
 class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
-    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
+    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
+                 checkpoint: Any = None):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
@@ -292,6 +300,8 @@ class LearnerGroup:
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
         # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
+        from .checkpoint import CheckpointConfig
+
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
                          concurrency_groups={"weights": 1})(LearnerActor)
         try:
@@ -300,8 +310,9 @@ class LearnerGroup:
                 self.placement, placement_group_bundle_index=r)).remote(r, cfg.learners)
                 for r in range(cfg.learners)]
             master = ray.get(self.actors[0].address.remote(), timeout=cfg.start_timeout_s)
-            devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
-                               for a in self.actors], timeout=cfg.start_timeout_s)
+            saving = asdict(checkpoint or CheckpointConfig())
+            devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype, saving,
+                                              cfg.group_timeout_s) for a in self.actors], timeout=cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             self.close()
             raise TimeoutError(f"the {cfg.learners} learner ranks did not load and shard {model_path} within "
