@@ -73,7 +73,8 @@ class LocalBackend:
     def learner(self, model_path: str, total_steps: int) -> Learner:
         from .local import LocalLearner
 
-        return LocalLearner(model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype)
+        return LocalLearner(model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
+                            gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
         shared = learner if self.cfg.rollout_engine == "hf" else None  # the hf engine runs on the learner's model
@@ -87,7 +88,8 @@ class RayBackend:
     def learner(self, model_path: str, total_steps: int) -> Learner:
         from .ray_group import LearnerGroup
 
-        return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype)
+        return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
+                            gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
         from .ray_group import start_rollout

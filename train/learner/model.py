@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .head import install as install_head
+
 log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.pt"
 
@@ -84,6 +86,7 @@ class TorchLearner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.head = install_head(self.model)  # before FSDP shards it: see head.py
         if self.world > 1:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -110,11 +113,23 @@ class TorchLearner:
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and self.world == 1):
-            return self.model(**batch).logits.float()
+            return self.model(**batch, use_cache=False).logits.float()
+
+    def chunked_logprobs(self, batch: dict[str, torch.Tensor], temperature: float, chunk: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each position's logprob of the next input token under softmax(logits / temperature) and that
+        distribution's entropy, [batch, width - 1] each, the head `chunk` tokens at a time inside the model's forward
+        (head.py): no full-vocabulary logits."""
+        batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
+        with (torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and self.world == 1),
+              self.head.targets(batch["input_ids"][:, 1:], temperature, chunk)):
+            out = self.model(**batch, use_cache=False).logits
+        return out[..., 0], out[..., 1]
 
     def sft_loss(self, batch: dict[str, torch.Tensor], denominator: int) -> torch.Tensor:
         """Summed token cross-entropy on the labelled tokens / denominator (all target tokens of the step,
-        so micro-batches of any size weigh each token the same). Backward is the caller's."""
+        so micro-batches of any size weigh each token the same). Backward is the caller's: under FSDP, times the
+        world size (FSDP averages the ranks' gradients; sft.py)."""
         logits = self.logits(batch)[:, :-1]
         labels = batch["labels"][:, 1:].to(self.device)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),

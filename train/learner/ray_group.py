@@ -103,7 +103,7 @@ class LearnerActor:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
-              dtype: str) -> str:
+              dtype: str, gradient_checkpointing: bool = False) -> str:
         import torch
 
         from .model import OptimConfig, TorchLearner
@@ -111,7 +111,8 @@ class LearnerActor:
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype)
+        self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype,
+                                    gradient_checkpointing=gradient_checkpointing)
         return str(self.learner.device)
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
@@ -208,7 +209,8 @@ class LearnerActor:
 class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
-    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto"):
+    def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
+                 gradient_checkpointing: bool = False):
         import ray
         from transformers import AutoTokenizer
 
@@ -225,8 +227,8 @@ class LearnerGroup:
                          concurrency_groups={"weights": 1})(LearnerActor)
         self.actors = [cls.remote(r, cfg.learners) for r in range(cfg.learners)]
         master = ray.get(self.actors[0].address.remote())
-        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype)
-                           for a in self.actors])
+        devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype,
+                                          gradient_checkpointing) for a in self.actors])
         log.info("learner group: %d ranks on %s", len(self.actors), ", ".join(devices))
 
     @property
@@ -241,13 +243,14 @@ class LearnerGroup:
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
-        """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add. `stop`
-        set: `UpdateStopped` at once (the ranks go on until close() kills them)."""
+        """Each rank takes its share (update.py `shards`: items r, r + world, ..., or balanced by tokens under a token
+        budget); the per-rank metrics are token-weighted shares, so they add. `stop` set: `UpdateStopped` at once
+        (the ranks go on until close() kills them)."""
         import ray
 
         from .update import check_stop, shards
 
-        parts, batches = shards(items, len(self.actors), cfg.micro_batch)
+        parts, batches = shards(items, len(self.actors), cfg.micro_batch, cfg.micro_batch_tokens)
         refs = [a.update.remote(s, cfg, total_tokens, batches) for a, s in zip(self.actors, parts, strict=True)]
         while stop is not None and ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
             check_stop(stop)  # the ranks' update is abandoned: close() kills them without waiting for it
