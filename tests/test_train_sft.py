@@ -213,8 +213,7 @@ def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2)
 
     from rstar2_agent.train.sft import SFTRun
 
-    base = dict(model=tiny_smollm2, data=["synthetic:16:0"], seq_len=256, overlong="truncate", micro_batch=1,
-                dtype="fp32")
+    base = dict(model=tiny_smollm2, data=["synthetic:16:0"], micro_batch=1, dtype="fp32")
     one = SFTRun(tiny(tmp_path / "one", grad_accum=2, **base))
     want = one.train_step(one.prepare())
     assert len(one.rows) >= 2
