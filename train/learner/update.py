@@ -135,8 +135,8 @@ def forward_logprobs(learner: TorchLearner, batch: dict[str, torch.Tensor], temp
     if chunk:
         return learner.chunked_logprobs(inputs, temperature, chunk)
     logits = learner.logits(inputs)[:, :-1]
-    return token_logprobs(logits, batch["input_ids"][:, 1:].to(learner.device), temperature), \
-        token_entropy(logits, temperature)
+    targets = batch["input_ids"][:, 1:].to(learner.device)
+    return token_logprobs(logits, targets, temperature), token_entropy(logits, temperature)
 
 
 def length(item: UpdateItem) -> int:
