@@ -1,5 +1,5 @@
 """`rstar2 bench`: every benchmark, simulator and calibration, each measured side by side against its baseline in
-one process (ratios, not absolute timings): engines, sandbox, serve, eval, grading, rollout, push, gpu, and the
+one process (ratios, not absolute timings): engines, sandbox, serve, eval, grading, rollout, push, learner, gpu, and the
 simulators `rstar2 bench simulate step|replicas`. Figures and their commands: docs/results.md."""
 
 from __future__ import annotations
@@ -291,6 +291,46 @@ def push_cmd(model, engine, workers, rounds, bucket_mb, max_message_mb, json_fil
     click.echo(f"object store / collective seconds per push (medians): {row.ratio:.2f}")
     if json_file:
         Path(json_file).write_text(json.dumps({**asdict(row), "ratio": row.ratio}, indent=1))
+
+
+@bench_group.command("learner")
+@click.option("--model", default=None, help="Default: a random Qwen3-shaped model (Qwen3's vocabulary, --layers narrow "
+              "layers of --hidden); or a registry name, folder or hub id (e.g. smollm2-135m).")
+@click.option("--trajectories", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--prompt", type=click.IntRange(4), default=128, show_default=True, help="Prompt tokens (about).")
+@click.option("--max-response", type=click.IntRange(8), default=512, show_default=True,
+              help="The longest response; the others spread below it.")
+@click.option("--micro-batch", type=click.IntRange(1), default=4, show_default=True, help="Padded: trajectories each.")
+@click.option("--budget", type=click.IntRange(0), default=0, show_default=True,
+              help="Packed: tokens each (0: 4/3 of the longest trajectory, as the 14B recipe's 16K over 12K).")
+@click.option("--chunk", type=click.IntRange(1), default=128, show_default=True, help="The LM head's token chunk.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True)
+@click.option("--layers", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--hidden", type=click.IntRange(16), default=256, show_default=True)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
+def learner_cmd(model, trajectories, prompt, max_response, micro_batch, budget, chunk, dtype, layers, hidden,
+                json_file) -> None:
+    """Peak memory of one RL policy update: full logits against the LM head in token chunks, padded micro-batches
+    against packed ones, with and without activation checkpointing (ratios to the padded full-logits update)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .learner import bench_learner
+
+    row = bench_learner(model, trajectories, prompt, max_response, micro_batch, budget, chunk, dtype, layers, hidden)
+    table = Table(title=f"one policy update of {row.model} on {row.device}: {row.trajectories} trajectories, "
+                        f"{row.tokens} tokens")
+    for col in ("setting", "peak MiB", "/ first row", "positions computed", "loss"):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    for r in row.rows:
+        table.add_row(r["setting"], f"{r['peak_mib']:.0f}", f"{r['ratio']:.2f}", str(r["positions"]),
+                      f"{r['loss']:+.6f}")
+    Console().print(table)
+    if json_file:
+        Path(json_file).write_text(json.dumps(asdict(row), indent=1))
 
 
 @bench_group.command("gpu", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

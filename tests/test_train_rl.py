@@ -137,8 +137,9 @@ def test_rl_recipes_fill_the_stages():
 @pytest.mark.timeout(900)  # Ray actors, two FSDP ranks, a local reference update, two more steps, on 2 shared cores
 async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny_smollm2):
     """`distributed: ray` on a local Ray cluster: two rollout workers behind the replica pool, two sandbox actors,
-    two FSDP learner ranks (gloo on CPU). One update on hand-set rewards gives the same loss and gradient norm
-    as the single-process learner on the same rollouts, and after the weight sync the rollout workers generate
+    two FSDP learner ranks (gloo on CPU). One update on hand-set rewards (packed by tokens, the head in chunks,
+    checkpointed) gives the same loss and gradient norm as the single-process padded full-logits learner on the
+    same rollouts, and after the weight sync the rollout workers generate
     exactly what the saved checkpoint generates. Resumed with max_staleness 1, it trains two more steps, the last
     one version behind."""
     ray = pytest.importorskip("ray")
@@ -151,7 +152,10 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     from rstar2_agent.train.loss import grpo_advantages
 
     optim = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant")
-    cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim,
+    # the ranks pack their token-balanced shares, the head in chunks, every layer checkpointed; the reference below
+    # is one process's padded full-logits update
+    cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim, micro_batch_tokens=512,
+               logprob_chunk_tokens=64, gradient_checkpointing=True,
                ray=RayConfig(learners=2, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=2, cpus_per_sandbox_actor=0.25, sandbox_workers=1))
     run = RLRun(cfg)
@@ -171,7 +175,8 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         local = TorchLearner(run.resolved.path, optim, 2, dtype="fp32")
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
                  for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
-        ref = policy_update(local, items, run.update_cfg, upd["update_tokens"])
+        plain = dataclasses.replace(run.update_cfg, micro_batch_tokens=0, logprob_chunk_tokens=0)
+        ref = policy_update(local, items, plain, upd["update_tokens"])
         ref |= local.optimizer_step()
         assert upd["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
         assert upd["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-3)

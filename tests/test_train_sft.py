@@ -191,3 +191,34 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch,
     (only,) = checkpoints(cfg.out)
     assert only.name == "checkpoint-1" and (only / "model.safetensors").is_file()
     assert not list(Path(cfg.out).glob("*.tmp"))
+
+
+def sft_rank(cfg: SFTConfig) -> tuple[float, float, int]:
+    """One optimizer step of SFT on this rank (under torchrun's environment: FSDP2 over the ranks); its logged gradient
+    norm and loss, and the number of packed rows."""
+    from rstar2_agent.train.sft import SFTRun
+
+    run = SFTRun(cfg)
+    metrics = run.train_step(run.prepare())
+    return metrics["grad_norm"], metrics["loss"], len(run.rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2):
+    """The same step's rows (2 a step: 2 ranks x 1, or 1 process x 2 accumulated) on two FSDP2 ranks over gloo and in
+    one process: the same gradient norm and loss. FSDP averages the ranks' gradients, so unscaled the two ranks'
+    norm is half (with 8 GPUs an eighth, and grad_clip 1.0 acting as 8.0)."""
+    from gloo_ranks import run_ranks
+
+    from rstar2_agent.train.sft import SFTRun
+
+    base = dict(model=tiny_smollm2, data=["synthetic:16:0"], micro_batch=1, dtype="fp32")
+    one = SFTRun(tiny(tmp_path / "one", grad_accum=2, **base))
+    want = one.train_step(one.prepare())
+    assert len(one.rows) >= 2
+    ranks = run_ranks(sft_rank, 2, tiny(tmp_path / "two", grad_accum=1, **base))
+    assert ranks[0][2] == len(one.rows)
+    for grad_norm, loss, _ in ranks:
+        assert grad_norm == pytest.approx(want["grad_norm"], rel=1e-4)
+        assert loss == pytest.approx(want["loss"], rel=1e-5)

@@ -22,6 +22,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, temperature: float, chunk: int = 128) -> torch.Tensor:
+    """The entropy of softmax(logits / T) at each position ([batch, width]), `chunk` positions at a time: a
+    full-vocabulary softmax of the whole micro-batch at once would be several GB of temporaries on long rollouts."""
+    out = []
+    for s in range(0, logits.size(1), chunk):
+        logp = torch.log_softmax(logits[:, s:s + chunk].float() / max(temperature, 1e-6), -1)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out, 1) if out else logits.new_zeros(logits.shape[:2])
+
+
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   eps_low: float = 0.2, eps_high: float = 0.28, denominator: float | None = None,
                   weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:

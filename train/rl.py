@@ -36,7 +36,7 @@ from .learner.checkpoint import CheckpointConfig
 from .learner.model import OptimConfig
 from .learner.protocol import Learner
 from .learner.ray_group import RayConfig
-from .learner.update import UpdateConfig, UpdateItem, check_rollout_correction
+from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
 from .loss import grpo_advantages
 from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts
@@ -97,6 +97,9 @@ class RLConfig:
     # tokens per forward pass: trajectories packed without padding up to this budget (0: micro_batch trajectories,
     # right-padded to the longest); the learner's activation memory follows it, not the longest rollout
     micro_batch_tokens: int = 0
+    # the LM head's token chunk for the logprobs and entropy (learner/head.py: no full-vocabulary fp32 logits kept for
+    # the backward); 0: the full logits
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
     # the memory plan (train/plan.py) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in
     # GiB (0: this machine's GPU), and false to start anyway
@@ -154,7 +157,18 @@ def update_config(cfg: RLConfig, pad_id: int) -> UpdateConfig:
     if correction == "auto":
         correction = "tis" if cfg.max_staleness else "none"
     return UpdateConfig(micro_batch=cfg.micro_batch, temperature=cfg.temperature, eps_low=cfg.eps_low,
-                        eps_high=cfg.eps_high, rollout_correction=correction, tis_cap=cfg.tis_cap, pad_id=pad_id)
+                        eps_high=cfg.eps_high, rollout_correction=correction, tis_cap=cfg.tis_cap, pad_id=pad_id,
+                        micro_batch_tokens=cfg.micro_batch_tokens, logprob_chunk_tokens=cfg.logprob_chunk_tokens)
+
+
+def check_micro_batch_tokens(cfg: RLConfig) -> None:
+    """A token budget holds the longest response a stage allows (a longer trajectory would be a micro-batch of its
+    own, over the budget the learner's memory is planned for)."""
+    longest = max((s.max_response_tokens for s in cfg.stages), default=0)
+    if cfg.micro_batch_tokens and cfg.micro_batch_tokens < longest:
+        raise ValueError(f"micro_batch_tokens ({cfg.micro_batch_tokens}) is below the longest stage's "
+                         f"max_response_tokens ({longest}): set micro_batch_tokens to at least {longest} plus the "
+                         f"prompt length, or 0 for micro_batch trajectories per forward pass")
 
 
 class RLRun:
@@ -168,6 +182,8 @@ class RLRun:
             check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
         check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
         check_staleness(cfg)
+        update_config(cfg, 0)  # the update's fields are checked before anything loads
+        check_micro_batch_tokens(cfg)
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.cfg, self.backend, self.given_engine = cfg, where, engine

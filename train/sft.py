@@ -121,7 +121,10 @@ class SFTRun:
         for i in range(0, len(mine), cfg.micro_batch):
             part = learner.sft_loss(collate(mine[i:i + cfg.micro_batch], self.fmt.tokenizer.pad_token_id or 0),
                                     denominator)
-            part.backward()
+            # each rank's loss is its share of the step's sum (the denominator counts every rank's tokens), and FSDP
+            # averages the gradients over the ranks: times the world size, their mean is the sum, the gradient of
+            # the whole step's loss, whatever the number of ranks (as RL's `scale`)
+            (part * learner.world).backward()
             loss += part.item()
         if self.world > 1:
             t = torch.tensor([loss], device=learner.device)

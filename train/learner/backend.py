@@ -74,7 +74,7 @@ class LocalBackend:
         from .local import LocalLearner
 
         return LocalLearner(model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
-                            checkpoint=self.cfg.checkpoint)
+                            checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
         shared = learner if self.cfg.rollout_engine == "hf" else None  # the hf engine runs on the learner's model
@@ -89,7 +89,7 @@ class RayBackend:
         from .ray_group import LearnerGroup
 
         return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
-                            checkpoint=self.cfg.checkpoint)
+                            checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
         from .ray_group import start_rollout

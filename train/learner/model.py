@@ -22,6 +22,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .checkpoint import CheckpointConfig
+from .head import install as install_head
 
 log = logging.getLogger(__name__)
 GROUP_TIMEOUT_S = 600.0  # the learner group's collectives (torch's NCCL default); checkpoints wait on their own group
@@ -92,6 +93,7 @@ def load_model(model_path: str, device: torch.device, *, rank: int, world: int, 
 
     if world == 1:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        install_head(model)  # before FSDP shards it: see head.py
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if sharded:
@@ -105,6 +107,7 @@ def load_model(model_path: str, device: torch.device, *, rank: int, world: int, 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
     full = model.state_dict() if rank == 0 else {}
+    install_head(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     shard(model, bf16)
@@ -135,6 +138,7 @@ class TorchLearner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = load_model(model_path, self.device, rank=self.rank, world=self.world, sharded=self.sharded,
                                 bf16=self.bf16, gradient_checkpointing=gradient_checkpointing)
+        self.head = install_head(self.model)  # installed before FSDP sharded it (load_model): see head.py
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0
@@ -162,11 +166,23 @@ class TorchLearner:
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
-            return self.model(**batch).logits.float()
+            return self.model(**batch, use_cache=False).logits.float()
+
+    def chunked_logprobs(self, batch: dict[str, torch.Tensor], temperature: float, chunk: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each position's logprob of the next input token under softmax(logits / temperature) and that
+        distribution's entropy, [batch, width - 1] each, the head `chunk` tokens at a time inside the model's forward
+        (head.py): no full-vocabulary logits."""
+        batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
+        with (torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded),
+              self.head.targets(batch["input_ids"][:, 1:], temperature, chunk)):
+            out = self.model(**batch, use_cache=False).logits
+        return out[..., 0], out[..., 1]
 
     def sft_loss(self, batch: dict[str, torch.Tensor], denominator: int) -> torch.Tensor:
         """Summed token cross-entropy on the labelled tokens / denominator (all target tokens of the step,
-        so micro-batches of any size weigh each token the same). Backward is the caller's."""
+        so micro-batches of any size weigh each token the same). Backward is the caller's: under FSDP, times the
+        world size (FSDP averages the ranks' gradients; sft.py)."""
         logits = self.logits(batch)[:, :-1]
         labels = batch["labels"][:, 1:].to(self.device)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),

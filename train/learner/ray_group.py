@@ -143,7 +143,8 @@ class LearnerActor:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master: tuple[str, int], model_path: str, optim: dict[str, Any], total_steps: int,
-              dtype: str, checkpoint: dict[str, Any], group_timeout_s: float) -> str:
+              dtype: str, checkpoint: dict[str, Any], group_timeout_s: float,
+              gradient_checkpointing: bool = False) -> str:
         import torch
 
         from .checkpoint import CheckpointConfig
@@ -153,7 +154,8 @@ class LearnerActor:
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         self.learner = TorchLearner(model_path, OptimConfig(**optim), total_steps, dtype=dtype,
-                                    checkpoint=CheckpointConfig(**checkpoint), group_timeout_s=group_timeout_s)
+                                    checkpoint=CheckpointConfig(**checkpoint), group_timeout_s=group_timeout_s,
+                                    gradient_checkpointing=gradient_checkpointing)
         return str(self.learner.device)
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
@@ -283,7 +285,7 @@ class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
-                 checkpoint: Any = None):
+                 checkpoint: Any = None, gradient_checkpointing: bool = False):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
@@ -312,7 +314,8 @@ class LearnerGroup:
             master = ray.get(self.actors[0].address.remote(), timeout=cfg.start_timeout_s)
             saving = asdict(checkpoint or CheckpointConfig())
             devices = ray.get([a.setup.remote(master, model_path, asdict(optim), total_steps, dtype, saving,
-                                              cfg.group_timeout_s) for a in self.actors], timeout=cfg.start_timeout_s)
+                                              cfg.group_timeout_s, gradient_checkpointing) for a in self.actors],
+                              timeout=cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             self.close()
             raise TimeoutError(f"the {cfg.learners} learner ranks did not load and shard {model_path} within "
@@ -335,13 +338,14 @@ class LearnerGroup:
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
-        """Rank r takes items r, r + world, ...; the per-rank metrics are token-weighted shares, so they add. `stop`
-        set: `UpdateStopped` at once (the ranks go on until close() kills them)."""
+        """Each rank takes its share (update.py `shards`: items r, r + world, ..., or balanced by tokens under a token
+        budget); the per-rank metrics are token-weighted shares, so they add. `stop` set: `UpdateStopped` at once
+        (the ranks go on until close() kills them)."""
         import ray
 
         from .update import check_stop, shards
 
-        parts, batches = shards(items, len(self.actors), cfg.micro_batch)
+        parts, batches = shards(items, len(self.actors), cfg.micro_batch, cfg.micro_batch_tokens)
         refs = [a.update.remote(s, cfg, total_tokens, batches) for a, s in zip(self.actors, parts, strict=True)]
         while stop is not None and ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
             check_stop(stop)  # the ranks' update is abandoned: close() kills them without waiting for it

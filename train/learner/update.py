@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_logprobs
+from ..loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_entropy, token_logprobs
 from .model import TorchLearner
 
 ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
@@ -37,11 +37,16 @@ def check_stop(stop: threading.Event | None) -> None:
         raise UpdateStopped("the policy update was stopped before its optimizer step; nothing of it is kept")
 
 
+LOGPROB_CHUNK_TOKENS = 1024  # the LM head's token chunk (head.py): at Qwen3's vocabulary about 2 GB of temporaries
+
+
 @dataclass(frozen=True)
 class UpdateConfig:
-    """What one policy update reads: the micro-batch size, the sampling temperature the logprobs are taken at, the
-    PPO clip bounds, the rollout correction (`none` or `tis`, already resolved from the recipe's `auto`) and its
-    cap, and the tokenizer's pad id."""
+    """What one policy update reads: the micro-batch (`micro_batch` trajectories right-padded, or with
+    `micro_batch_tokens` > 0 trajectories packed back to back up to that many tokens), the LM head's token chunk
+    (`logprob_chunk_tokens`; 0: full-vocabulary logits), the sampling temperature the logprobs are taken at, the PPO
+    clip bounds, the rollout correction (`none` or `tis`, already resolved from the recipe's `auto`) and its cap, and
+    the tokenizer's pad id."""
     micro_batch: int = 8
     temperature: float = 1.0
     eps_low: float = 0.2
@@ -49,6 +54,8 @@ class UpdateConfig:
     rollout_correction: str = "none"
     tis_cap: float = 2.0
     pad_id: int = 0
+    micro_batch_tokens: int = 0
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         if self.rollout_correction not in ("none", "tis"):
@@ -56,6 +63,10 @@ class UpdateConfig:
                              f"{self.rollout_correction!r}")
         if self.micro_batch < 1:
             raise ValueError(f"micro_batch must be at least 1, not {self.micro_batch!r}")
+        for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number of tokens, 0 to turn it off, not {value!r}")
 
 
 @dataclass
@@ -85,16 +96,14 @@ def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateCon
     pads with empty micro-batches (FSDP ranks must run as many forward passes) and `scale` undoes FSDP's
     gradient averaging over ranks. Metrics are this share's token-weighted parts. With `stop` set it raises
     `UpdateStopped` before the next micro-batch (see `check_stop`)."""
-    parts = micro_batches(items, cfg.micro_batch, cfg.pad_id, batches)
-    old = old_logprobs(learner, parts, cfg.temperature, stop)
+    parts = micro_batches(items, cfg.micro_batch, cfg.pad_id, batches, tokens=cfg.micro_batch_tokens)
+    old = old_logprobs(learner, parts, cfg.temperature, stop, chunk=cfg.logprob_chunk_tokens)
     learner.model.train()
     denominator = max(1, total_tokens)
     metrics: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
     for batch, old_logp in zip(parts, old, strict=True):
         check_stop(stop)
-        logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
-        logits, targets = logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device)
-        logp = token_logprobs(logits, targets, cfg.temperature)
+        logp, entropy = forward_logprobs(learner, batch, cfg.temperature, cfg.logprob_chunk_tokens)
         mask = batch["mask"][:, 1:].to(learner.device)
         engine_logp = batch["engine_logp"][:, 1:].to(learner.device)
         stats = rollout_mismatch(old_logp, engine_logp, mask)
@@ -106,7 +115,7 @@ def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateCon
                                    cfg.eps_high, denominator=denominator, weights=weights)
         (loss * scale).backward()
         share = float(mask.sum()) / denominator
-        metrics["entropy"] += _entropy_sum(logits, mask, cfg.temperature) / denominator
+        metrics["entropy"] += float((entropy.detach() * mask).sum()) / denominator
         metrics["loss"] += float(loss.detach())
         for k, v in (clip | stats).items():
             metrics[k] = metrics.get(k, 0.0) + v * share
@@ -114,64 +123,126 @@ def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateCon
     return metrics
 
 
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def forward_logprobs(learner: TorchLearner, batch: dict[str, torch.Tensor], temperature: float, chunk: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each position's logprob of the next token under softmax(logits / T) and the entropy there, [batch, width - 1]
+    each (position t holds token t + 1): the LM head `chunk` tokens at a time (head.py), or with `chunk` 0 from the
+    full-vocabulary fp32 logits."""
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    if chunk:
+        return learner.chunked_logprobs(inputs, temperature, chunk)
+    logits = learner.logits(inputs)[:, :-1]
+    targets = batch["input_ids"][:, 1:].to(learner.device)
+    return token_logprobs(logits, targets, temperature), token_entropy(logits, temperature)
+
+
+def length(item: UpdateItem) -> int:
+    return len(item.prompt_ids) + len(item.response_ids)
+
+
 def chunks(items: list[UpdateItem], size: int) -> list[list[UpdateItem]]:
-    """`items` in micro-batches of at most `size`, in order: the one place an update is cut into micro-batches."""
+    """`items` in micro-batches of at most `size`, in order."""
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def shards(items: list[UpdateItem], world: int, size: int) -> tuple[list[list[UpdateItem]], int]:
-    """Rank r's items (r, r + world, ...) and the micro-batches every rank must run (the most any rank has), so
-    the ranks' FSDP collectives line up."""
-    parts = [items[r::world] for r in range(world)]
-    return parts, max(len(chunks(p, size)) for p in parts)
+def token_chunks(items: list[UpdateItem], budget: int) -> list[list[UpdateItem]]:
+    """`items` in micro-batches of at most `budget` tokens (prompt + response), first-fit decreasing: longest first,
+    each into the first micro-batch it fits in (fewer forward passes than cutting in order). A trajectory longer
+    than the budget is a micro-batch of its own (RLRun refuses a budget below the longest response, so only a long
+    prompt can take one over)."""
+    parts: list[list[UpdateItem]] = []
+    room: list[int] = []
+    for t in sorted(items, key=length, reverse=True):
+        n = length(t)
+        i = next((i for i, r in enumerate(room) if n <= r), None)
+        if i is None:
+            parts.append([t])
+            room.append(budget - n)
+        else:
+            parts[i].append(t)
+            room[i] -= n
+    return parts
 
 
-def micro_batches(items: list[UpdateItem], size: int, pad_id: int, batches: int = 0) -> list[dict[str, torch.Tensor]]:
-    """`items` in micro-batches of `size` (see `_batch`), padded to `batches` with empty ones."""
-    parts = chunks(items, size)
+def cut(items: list[UpdateItem], size: int, tokens: int = 0) -> list[list[UpdateItem]]:
+    """The one place an update is cut into micro-batches: by `tokens` when set, else `size` trajectories each."""
+    return token_chunks(items, tokens) if tokens else chunks(items, size)
+
+
+def shards(items: list[UpdateItem], world: int, size: int, tokens: int = 0) -> tuple[list[list[UpdateItem]], int]:
+    """Each rank's items and the micro-batches every rank must run (the most any rank has), so the ranks' FSDP
+    collectives line up. By trajectories: rank r takes items r, r + world, ...; with a token budget (`tokens`), the
+    items go longest first to the rank with the fewest tokens so far, so every rank has about the same work."""
+    if tokens:
+        parts: list[list[UpdateItem]] = [[] for _ in range(world)]
+        load = [0] * world
+        for t in sorted(items, key=length, reverse=True):
+            r = load.index(min(load))
+            parts[r].append(t)
+            load[r] += length(t)
+    else:
+        parts = [items[r::world] for r in range(world)]
+    return parts, max(len(cut(p, size, tokens)) for p in parts)
+
+
+def micro_batches(items: list[UpdateItem], size: int, pad_id: int, batches: int = 0, tokens: int = 0
+                  ) -> list[dict[str, torch.Tensor]]:
+    """`items` cut into micro-batches (`cut`), padded to `batches` with empty ones; each right-padded (`_batch`) or,
+    with a token budget, packed into one row (`_packed`)."""
+    parts = cut(items, size, tokens)
     parts += [[UpdateItem([pad_id, pad_id], [], [], [], 0.0)]] * max(0, batches - len(parts))
-    return [_batch(part, pad_id) for part in parts]
+    return [_packed(part) if tokens else _batch(part, pad_id) for part in parts]
 
 
 @torch.no_grad()
 def old_logprobs(learner: TorchLearner, parts: list[dict[str, torch.Tensor]], temperature: float,
-                 stop: threading.Event | None = None) -> list[torch.Tensor]:
+                 stop: threading.Event | None = None, chunk: int = LOGPROB_CHUNK_TOKENS) -> list[torch.Tensor]:
     """The current (pre-update) policy's logprob of every token under softmax(logits / T), one [batch, width - 1]
     tensor per micro-batch (position t holds token t + 1, as in the update), without gradients or dropout."""
     learner.model.eval()
     out = []
     for batch in parts:
         check_stop(stop)
-        logits = learner.logits({"input_ids": batch["input_ids"], "attention_mask": batch["attention"]})
-        out.append(token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:].to(learner.device), temperature))
+        out.append(forward_logprobs(learner, batch, temperature, chunk)[0])
     return out
 
 
-@torch.no_grad()
-def _entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float, chunk: int = 128) -> float:
-    """The sampling distribution's entropy summed over the masked positions, `chunk` positions at a time: a
-    full-vocabulary softmax of the whole micro-batch at once would be several GB of temporaries on long rollouts."""
-    total = 0.0
-    for s in range(0, logits.size(1), chunk):
-        logp = torch.log_softmax(logits[:, s:s + chunk] / max(temperature, 1e-6), -1)
-        total += float(((-(logp.exp() * logp).sum(-1)) * mask[:, s:s + chunk]).sum())
-    return total
-
-
 def _batch(items: list[UpdateItem], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt + response ids, the response mask (generated tokens), the engine's logprobs and
-    each token's advantage, aligned so that position t holds token t."""
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in items)
+    """Right-padded prompt + response ids, the attention mask, the response mask (generated tokens), the engine's
+    logprobs and each token's advantage, aligned so that position t holds token t."""
+    width = max(length(t) for t in items)
     out = {k: torch.zeros((len(items), width), dtype=d) for k, d in (
-        ("input_ids", torch.long), ("attention", torch.long), ("mask", torch.float32),
+        ("input_ids", torch.long), ("attention_mask", torch.long), ("mask", torch.float32),
         ("engine_logp", torch.float32), ("adv", torch.float32))}
     out["input_ids"].fill_(pad_id)
     for b, t in enumerate(items):
         p, r = len(t.prompt_ids), len(t.response_ids)
         out["input_ids"][b, :p + r] = torch.tensor(t.prompt_ids + t.response_ids)
-        out["attention"][b, :p + r] = 1
+        out["attention_mask"][b, :p + r] = 1
         if r:
             out["mask"][b, p:p + r] = torch.tensor(t.response_mask, dtype=torch.float32)
             out["engine_logp"][b, p:p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         out["adv"][b, p:p + r] = t.advantage
     return out
+
+
+def _packed(items: list[UpdateItem]) -> dict[str, torch.Tensor]:
+    """The trajectories back to back in one row, no padding, with position ids restarting at each: with no
+    attention mask, transformers reads the restarts as sequence boundaries (masking_utils
+    `find_packed_sequence_indices`: a block-diagonal causal mask for sdpa and eager, varlen for flash attention), so
+    no token attends across trajectories. The position that predicts the next trajectory's first token is a
+    prompt position (mask 0), so nothing is learned across a boundary either. Keys as `_batch`'s, with
+    `position_ids` in place of `attention_mask`."""
+    cols: dict[str, list] = {k: [] for k in ("input_ids", "position_ids", "mask", "engine_logp", "adv")}
+    for t in items:
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        cols["input_ids"] += t.prompt_ids + t.response_ids
+        cols["position_ids"] += range(p + r)
+        cols["mask"] += [0.0] * p + [float(m) for m in t.response_mask]
+        cols["engine_logp"] += [0.0] * p + list(t.logprobs)
+        cols["adv"] += [0.0] * p + [t.advantage] * r
+    return {k: torch.tensor([v], dtype=torch.long if k in ("input_ids", "position_ids") else torch.float32)
+            for k, v in cols.items()}
