@@ -136,3 +136,22 @@ def test_a_135m_push_is_received_bucket_by_bucket_holding_one_bucket(smol):
             assert events.index(("freed", k)) < events.index(("receive", k + 1)), f"bucket {k} outlived the next"
     sender.close()
     receiver.close()
+
+
+def test_closing_a_group_whose_shutdown_hangs_returns_in_time_fake_nccl_hang():
+    """NCCL's shutdown of a communicator whose peer died can block forever (gloo's does not, so a group whose
+    shutdown never returns stands in for it, in a real one-member group): close() gives up after its timeout with
+    a warning, and the group is dropped so the next push builds another."""
+    released = threading.Event()
+
+    class Hangs:
+        def shutdown(self) -> None:
+            released.wait(60)
+
+    group = WeightGroup("127.0.0.1", free_port(), 0, 1, timeout_s=30)
+    real, group.pg = group.pg, Hangs()
+    t0 = time.monotonic()
+    group.close(timeout_s=0.5)
+    assert time.monotonic() - t0 < 5 and group.pg is None and group.store is None
+    released.set()
+    real.shutdown()

@@ -28,6 +28,9 @@ from .weight_chunks import units
 log = logging.getLogger(__name__)
 
 
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
 class WeightSyncError(RuntimeError):
     pass
 
@@ -203,11 +206,23 @@ class WeightGroup:
 
         return unpack_each(flats(), buckets)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Shut the group down, waiting at most `timeout_s`: NCCL's shutdown of a communicator whose peer died can
+        block forever, so it runs in a daemon thread that is left behind (with a warning) when it does not end."""
+        import threading
+
         pg, self.pg = getattr(self, "pg", None), None
         if pg is not None and hasattr(pg, "shutdown"):
-            try:
-                pg.shutdown()
-            except Exception:  # noqa: BLE001 - a broken group: dropping it is all that is left
-                pass
+            def shut() -> None:
+                try:
+                    pg.shutdown()
+                except Exception:  # noqa: BLE001 - a broken group: dropping it is all that is left
+                    pass
+
+            worker = threading.Thread(target=shut, name="weight-group-shutdown", daemon=True)
+            worker.start()
+            worker.join(timeout_s)
+            if worker.is_alive():
+                log.warning("the weight-sync group did not shut down within %.0f s (a member died inside a "
+                            "collective?): abandoned; the next push builds a new one", timeout_s)
         self.store = None
