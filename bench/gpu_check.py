@@ -371,7 +371,7 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
                 learner = TorchLearner.around(model, device, bf16=precision == "autocast")
                 for p in model.parameters():  # the gradients exist before the peak is measured from
                     p.grad = torch.zeros_like(p)
-                upd = UpdateConfig(micro_batch=rows, pad_id=0)
+                upd = UpdateConfig(micro_batch=rows, pad_id=0, logprob_chunk_tokens=args.mem_logits_chunk)
                 warm = _probe_items(rows, 64, dims["vocab_size"])  # kernels and allocator set up, at a small size
                 policy_update(learner, warm, upd, sum(len(i.response_ids) for i in warm))
                 items = _probe_items(rows, seq, dims["vocab_size"])
@@ -379,7 +379,8 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
                 policy_update(learner, items, upd, sum(len(i.response_ids) for i in items))
                 measured = meter.peak()
                 shape = from_config(cfg.to_dict())
-                est = activations(shape, rows * seq, seq, precision=precision, checkpointing=ckpt, masked=rows > 1)
+                est = activations(shape, rows * seq, seq, precision=precision, checkpointing=ckpt, masked=rows > 1,
+                                  logits_chunk=args.mem_logits_chunk)
                 estimate = est.total + compute_copies(shape, precision, ckpt, 1)
                 runs.append({"precision": precision, "layers": layers, "checkpointing": ckpt, "tokens": rows * seq,
                              "measured_gib": measured / GIB, "estimate_gib": estimate / GIB,
@@ -423,6 +424,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mem-shape", choices=sorted(MEMORY_SHAPES), help="memory probe's model (qwen3-14b; tiny tiny)")
     ap.add_argument("--mem-tokens", type=int, help="memory probe: tokens of the longest trajectory (8192; tiny 128)")
     ap.add_argument("--mem-rows", type=int, help="memory probe: trajectories in the micro-batch (1; tiny 2)")
+    ap.add_argument("--mem-logits-chunk", type=int, default=0,
+                    help="memory probe: the LM head's token chunk (0: full fp32 logits, the plan's checked case)")
     ap.add_argument("--mem-layers", default="2,4", help="memory probe: the depths (comma-separated)")
     ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
     ap.add_argument("--skip", default="",

@@ -261,7 +261,8 @@ def test_the_recipe_carries_the_memory_settings_to_the_update_and_the_learner(tm
     threads = torch.get_num_threads()
     rank = LearnerActor(0, 1)  # a Ray learner rank's own setup, in this process (one rank: no process group)
     try:
-        rank.setup(("127.0.0.1", 0), tiny_smollm2, dataclasses.asdict(OptimConfig()), 2, "fp32", True)
+        rank.setup(("127.0.0.1", 0), tiny_smollm2, dataclasses.asdict(OptimConfig()), 2, "fp32", {}, 60.0,
+                   gradient_checkpointing=True)
     finally:
         torch.set_num_threads(threads)
     assert checkpointing(rank.learner.model)

@@ -36,8 +36,10 @@ def test_the_14b_rl_recipe_fits_its_64_gpus_and_not_without_checkpointing_or_wit
     assert not no_ckpt.fits and any("gradient_checkpointing: true" in a for a in no_ckpt.advice)
     huge = plan_rl(rl14("micro_batch_tokens=1000000"), gpu_memory_gib=MI300X_GIB)
     assert not huge.fits and any("micro_batch_tokens" in a for a in huge.advice)
-    # the recipe before its token budget: 4 padded 13K-token trajectories with full fp32 logits (crash 2)
-    padded = plan_rl(rl14("micro_batch_tokens=0"), gpu_memory_gib=MI300X_GIB)
+    # the recipe before its memory settings: 4 padded 13K-token trajectories, full fp32 logits, no checkpointing
+    # (crash 2)
+    padded = plan_rl(rl14("micro_batch_tokens=0", "logprob_chunk_tokens=0", "gradient_checkpointing=false"),
+                     gpu_memory_gib=MI300X_GIB)
     assert not padded.fits
     assert padded.activations_gib["without_checkpointing"] > 460  # the "about 460 GB" at stage 1, more at 12K
     assert not plan_rl(rl14(), gpu_memory_gib=MI300X_GIB, gpus=32).fits  # the placement needs 64

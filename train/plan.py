@@ -88,16 +88,14 @@ def head_bytes(s: Shape, precision: str) -> float:
 
 
 def logits_bytes(s: Shape, tokens: int, kind: str, chunk: int = 0) -> tuple[float, float]:
-    """(peak, kept) bytes of the output head's [tokens x vocab] tensors. RL today (learner/update.py): the fp32 logits
-    stay alive through the backward (the entropy is summed after it), and the log-softmax's output, its incoming
-    gradient and its input's gradient are fp32 [tokens x vocab] at once: 16 bytes per entry, 4 kept. SFT: the
-    log-softmax output and two gradients, 12, nothing kept. `chunk` > 0: log-probabilities computed `chunk` tokens
-    at a time (nothing kept)."""
+    """(peak, kept) bytes of the output head's [tokens x vocab] tensors. With the full fp32 logits (RL with
+    `logprob_chunk_tokens: 0`, learner/update.py, and SFT): the log-softmax's output and the two gradients of the
+    backward are fp32 [tokens x vocab] at once, 12 bytes per entry, nothing kept (RL's entropy is taken without
+    gradients before the backward). `chunk` > 0: log-probabilities computed `chunk` tokens at a time, 16 bytes
+    per entry of one chunk, nothing kept."""
     if chunk:
         return 16.0 * min(chunk, tokens) * s.vocab, 0.0
-    if kind == "sft":
-        return 12.0 * tokens * s.vocab, 0.0
-    return 16.0 * tokens * s.vocab, 4.0 * tokens * s.vocab
+    return 12.0 * tokens * s.vocab, 0.0
 
 
 @dataclass

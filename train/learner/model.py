@@ -150,6 +150,7 @@ class TorchLearner:
         learner = cls.__new__(cls)
         learner.model, learner.device, learner.bf16 = model, device, bf16
         learner.rank, learner.world, learner.sharded = 0, 1, False
+        learner.head = install_head(model)
         return learner
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
