@@ -32,13 +32,29 @@ def on_gpu() -> bool:
     return gpu_count() > 0
 
 
+def gpu_memory_bytes() -> int:
+    """The first GPU's total memory in bytes (0 without one), asked without initializing CUDA here."""
+    import torch
+
+    if not gpu_count():
+        return 0
+    if torch.cuda.is_initialized():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return _ask_child("torch.cuda.get_device_properties(0).total_memory", "the GPU's memory")
+
+
 def _count_in_child() -> int:
-    """The device count from a fresh Python (NVML could not answer here): CUDA initializes there, not here."""
-    code = "import torch; print(torch.cuda.device_count())"
+    """The device count from a fresh Python (NVML could not answer here)."""
+    return _ask_child("torch.cuda.device_count()", "the GPUs")
+
+
+def _ask_child(expression: str, what: str) -> int:
+    """An integer torch gives in a fresh Python: CUDA initializes there, not here. 0 (with a warning) when it
+    cannot answer."""
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=COUNT_TIMEOUT_S,
-                             check=True)
+        out = subprocess.run([sys.executable, "-c", f"import torch; print({expression})"], capture_output=True,
+                             text=True, timeout=COUNT_TIMEOUT_S, check=True)
         return int(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
-        log.warning("could not count the GPUs in a child process (%s: %s); taking none", type(e).__name__, e)
+        log.warning("could not ask a child process for %s (%s: %s); taking none", what, type(e).__name__, e)
         return 0

@@ -41,4 +41,4 @@ def test_without_nvml_a_child_process_counts_the_gpus_fake_cuda_build(fake_cuda_
 def test_a_cpu_build_has_no_gpus():
     if torch.cuda._is_compiled():
         pytest.skip("this torch is a CUDA build")
-    assert devices.gpu_count() == 0 and EngineSpec(engine="auto").kind() == "hf"
+    assert devices.gpu_count() == 0 and devices.gpu_memory_bytes() == 0 and EngineSpec(engine="auto").kind() == "hf"

@@ -17,9 +17,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -521,17 +518,11 @@ def to_json(plan: Plan) -> str:
 
 # ------------------------------------------------------------------------------------------------ before a run
 def gpu_memory_here() -> float | None:
-    """This machine's first GPU in GiB, or None without one. Asked in a child process: CUDA initialized here would
-    break vLLM's fork of its engine core later in this process. Cheap without a GPU (no device node: no child)."""
-    if not (Path("/dev/nvidia0").exists() or Path("/dev/kfd").exists() or shutil.which("nvidia-smi")):
-        return None
-    code = ("import torch; print(torch.cuda.get_device_properties(0).total_memory "
-            "if torch.cuda.is_available() else 0)")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        total = int(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
-        return None
+    """This machine's first GPU in GiB, or None without one (counted without initializing CUDA here: it would break
+    vLLM's fork of its engine core later in this process)."""
+    from rstar2_agent.devices import gpu_memory_bytes
+
+    total = gpu_memory_bytes()
     return total / GIB if total else None
 
 
