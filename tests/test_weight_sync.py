@@ -106,10 +106,16 @@ def test_a_135m_push_is_received_bucket_by_bucket_holding_one_bucket(smol):
     assert n >= 20
     sender, receiver = members(2, timeout_s=60)
     events: list[tuple[str, int]] = []  # ("receive", k) when bucket k's broadcast starts, ("freed", k) at its end
+    freed = {k: threading.Event() for k in range(n)}
     broadcast = receiver._broadcast
 
     def recording(tensor, what):
-        events.append(("receive", int(what.split()[1].split("/")[0]) - 1))
+        k = int(what.split()[1].split("/")[0]) - 1
+        # gloo's worker thread drops its reference to the last bucket's buffer a moment after wait() returns (in
+        # this process: both members are here); a buffer that Python still holds would never be freed
+        if k > 0 and k - 1 != kept:
+            freed[k - 1].wait(2)
+        events.append(("receive", k))
         broadcast(tensor, what)
 
     receiver._broadcast = recording
@@ -126,7 +132,7 @@ def test_a_135m_push_is_received_bucket_by_bucket_holding_one_bucket(smol):
         base = next(v for name, v in part.items() if name != "lm_head.weight")._base
         if "model.embed_tokens.weight" in part:
             kept = k
-        weakref.finalize(base, events.append, ("freed", k))
+        weakref.finalize(base, lambda k=k: (events.append(("freed", k)), freed[k].set()))
         got |= set(part)
         del part, base, v
     thread.join(60)
