@@ -210,3 +210,36 @@ print(out)"""
 
 async def _alive(sb, n: int) -> bool:
     return (await sb.stats())["alive"] == n
+
+
+async def test_a_worker_start_that_stalls_is_tried_once_more_with_a_fresh_process(caplog):
+    """A real worker start that times out (its timeout made shorter than any start): the pool kills it, says
+    where its processes were, and starts a fresh one, so a start that stalls once on a loaded host loses nothing;
+    one that stalls twice is an error that says so."""
+    for stalls, ok in ((1, True), (2, False)):
+        pool = LocalSandbox(SandboxConfig(workers=1, templates=(FULL,)))
+        made = []
+        new_worker = pool._new_worker
+
+        def stalling(mode, preload=None, made=made, stalls=stalls, new_worker=new_worker):
+            w = new_worker(mode, preload)
+            if len(made) < stalls:
+                w.startup_timeout = 0.001
+            made.append(w)
+            return w
+
+        pool._new_worker = stalling
+        try:
+            if ok:
+                await pool.start()
+                assert (await pool.run("print(6 * 7)")).stdout.strip() == "42"
+                assert "starting fresh ones once more" in caplog.text and "its processes:" in caplog.text
+            else:
+                try:
+                    await pool.start()
+                    raise AssertionError("a start that stalled twice started")
+                except SandboxError as e:
+                    assert "(twice)" in str(e) and "after at most 0 s" in str(e)
+            assert len(made) == 2 and all(not w.alive for w in made[:stalls])
+        finally:
+            await pool.close()

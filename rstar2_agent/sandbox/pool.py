@@ -69,10 +69,17 @@ class LocalSandbox(Sandbox):
         self._idle = {t: asyncio.Queue() for t in templates}
         workers = [self._new_worker("fork", t) for t in templates for _ in range(max(1, cfg.workers))]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await asyncio.gather(*(w.close() for w in workers))
-            raise SandboxError(f"could not start the sandbox workers: {errors[0]}")
+        failed = [k for k, r in enumerate(results) if isinstance(r, BaseException)]
+        if failed:  # one more try for each, with a fresh process: a start can stall on a loaded host
+            log.warning("%d sandbox worker(s) failed to start (%s); starting fresh ones once more", len(failed),
+                        results[failed[0]])
+            for k in failed:
+                workers[k] = self._new_worker("fork", workers[k].preload)
+            again = await asyncio.gather(*(workers[k].start() for k in failed), return_exceptions=True)
+            errors = [r for r in again if isinstance(r, BaseException)]
+            if errors:
+                await asyncio.gather(*(w.close() for w in workers))
+                raise SandboxError(f"could not start the sandbox workers (twice): {errors[0]}")
         for w in workers:
             self._workers.append(w)
             self._idle[w.preload].put_nowait(w)

@@ -75,8 +75,10 @@ class Worker:
         try:
             hello = await asyncio.wait_for(self._read(), self.startup_timeout)
         except (TimeoutError, WorkerDied) as e:
+            state = process_states(self.proc.pid)
             await self.kill()
-            raise WorkerDied(f"sandbox worker failed to start: {e!r}; its stderr: {self._last_stderr()}") from e
+            raise WorkerDied(f"sandbox worker failed to start: {e!r} after at most {self.startup_timeout:.0f} s; "
+                             f"its processes: {state or 'gone'}; its stderr: {self._last_stderr()}") from e
         if hello.get("op") != "ready":
             await self.kill()
             raise WorkerDied(f"sandbox worker sent {hello!r} instead of ready")
@@ -177,3 +179,21 @@ class Worker:
 
 def died_result(worker: Worker, message: str) -> ExecResult:
     return ExecResult.failure(Status.KILLED, message, backend=worker.name)
+
+
+def process_states(pid: int) -> str:
+    """`pid` and its descendants as "pid name state wchan", for an error about a process that stalled: a D state
+    or the kernel function it waits in says where (disk, memory reclaim, a cgroup) far better than a timeout."""
+    out, todo = [], [pid]
+    while todo and len(out) < 16:
+        p = todo.pop()
+        try:
+            stat = open(f"/proc/{p}/stat").read()
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            wchan = open(f"/proc/{p}/wchan").read().strip() or "-"
+            children = open(f"/proc/{p}/task/{p}/children").read().split()
+        except (OSError, ValueError):
+            continue
+        out.append(f"{p} {name} {rest[0]} {wchan}")
+        todo.extend(int(c) for c in children)
+    return ", ".join(out)
