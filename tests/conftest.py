@@ -43,6 +43,12 @@ def pytest_configure(config) -> None:
     command line asks for another number."""
     if not config.option.durations:
         config.option.durations = 40
+    # pytest-xdist's loadgroup marks a group in the test ids (`id@group`) through an attribute pytest 9 no longer
+    # reads: every group would be spread over the workers, each building the shared engines and the SFT checkpoint
+    # itself (minutes of CPU, twice the memory)
+    if getattr(config.option, "dist", None) == "loadgroup" and pytest.version_tuple[0] >= 9:
+        raise pytest.UsageError(f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (the shared "
+                                "fixtures would be built on every worker): install the pinned pytest<9 (make install)")
     # On pytest-xdist workers torch gets its share of the cores (1 each for 2 workers on 2 cores), unless the
     # environment says: two workers whose torch each spins 2 threads on 2 cores slow each other down several times.
     # Subprocesses and Ray actors inherit it.
@@ -67,7 +73,6 @@ def pytest_collection_modifyitems(config, items) -> None:
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not (item.get_closest_marker("xdist_group") or item.get_closest_marker("slow")))
-
 
 
 def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int = 9, within: float = 30.0,
