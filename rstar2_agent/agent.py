@@ -111,6 +111,10 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         traj.turns.append(turn)
         traj.add_generated(turn_ids, turn_logprobs)
         traj.stop_reason = stop_after_turn(text, bool(calls), gen.finish_reason == "length")
+        if not traj.stop_reason and turn_index == cfg.max_turns - 1:
+            # the turn cap: the last turn's calls are recorded, not run (as the release's loop stops before them)
+            turn.tool_calls = [not_run(c, turn_index) for c in calls]
+            traj.stop_reason = "max_turns"
         if traj.stop_reason:
             emit("turn_end", turn)
             break
@@ -143,6 +147,12 @@ def stop_after_turn(text: str, has_calls: bool, cut_off: bool) -> str:
     if not has_calls:
         return "answer" if answer_blocks(text) else "no_tool_call"
     return ""
+
+
+def not_run(call: ToolCall, turn: int) -> ToolCallRecord:
+    """A call the loop records without running it (the turn cap ended the trajectory)."""
+    return ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
+                          error=call.error, status=None if call.error else "not_run")
 
 
 async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,

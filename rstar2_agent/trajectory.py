@@ -16,7 +16,7 @@ class ToolCallRecord:
     arguments: dict[str, Any]
     raw: str
     error: str | None = None  # the call could not run (malformed, unknown tool, over the cap)
-    status: str | None = None  # the sandbox result's status when it ran
+    status: str | None = None  # the sandbox result's status when it ran; "not_run" at the turn cap
     stdout: str = ""
     stderr: str = ""
     duration: float = 0.0
@@ -24,7 +24,7 @@ class ToolCallRecord:
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or self.status != "ok"
+        return self.error is not None or self.status not in ("ok", "not_run")
 
 
 @dataclass

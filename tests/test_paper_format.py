@@ -96,6 +96,20 @@ async def test_tool_responses_are_bare_output_or_tool_call_failed_with_the_trace
     assert inserted in fmt.decode(traj.response_ids)
 
 
+async def test_at_the_turn_cap_the_last_turns_calls_are_recorded_not_run(smol_tokenizer, sandbox):
+    """The release's loop stops before the calls of the turn that reaches the cap: they are recorded (BFCL's
+    single-turn check reads them) but not run, nothing is inserted after them, and they are not tool errors."""
+    engine = ScriptedEngine(smol_tokenizer, ["One.\n" + call(PAPER_TOOL, "print(6 * 7)"),
+                                             "Two.\n" + call(PAPER_TOOL, "open('/tmp/ran-at-the-cap', 'w')")])
+    fmt = ChatFormat(smol_tokenizer, "rstar2-paper")
+    traj = await run_agent("What is 6 * 7?", engine, sandbox, fmt, AgentConfig(max_turns=2))
+    assert traj.stop_reason == "max_turns" and not engine.texts and len(traj.turns) == 2
+    ran, capped = traj.turns[0].tool_calls[0], traj.turns[1].tool_calls[0]
+    assert ran.status == "ok" and ran.response == "42\n"
+    assert capped.status == "not_run" and capped.response == "" and not capped.failed and capped.name == PAPER_TOOL
+    assert traj.turns[1].inserted_tokens == 0 and fmt.decode(traj.response_ids).count("<tool_response>") == 1
+
+
 def test_a_call_that_does_not_decode_is_answered_with_its_error_message():
     (bad,) = PaperProtocol().parse('<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": }'
                                    "</tool_call>", [PAPER_SCHEMA], 1)
