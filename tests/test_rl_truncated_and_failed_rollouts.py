@@ -101,3 +101,22 @@ async def test_rollouts_are_seeded_by_their_key_unless_the_recipe_says_not(smol_
         assert None not in engine.seeds and len(set(engine.seeds)) == 2
     else:
         assert engine.seeds == [None, None]
+
+
+def test_a_rollout_that_failed_in_the_engine_is_no_negative_for_roc(smol_tokenizer):
+    """A group of 4 with 2 right answers, 1 wrong and 1 engine failure: RoC sees 2 positives and 1 negative (the
+    failure, reward 0, would have been a second negative, a learning signal made of an infrastructure fault)."""
+    from rstar2_agent.train.roc import Group, resample_on_correct
+    from rstar2_agent.train.rollouts import rollout_stats, without_engine_errors
+    from rstar2_agent.trajectory import Trajectory
+
+    def traj(stop: str) -> Trajectory:
+        return Trajectory(prompt_ids=[1], stop_reason=stop, error="EngineError: gone" if "error" in stop else None)
+
+    group = [(traj("answer"), 1.0), (traj("answer"), 1.0), (traj("answer"), 0.0), (traj("engine_error"), 0.0)]
+    (kept,) = without_engine_errors([group])
+    assert [t.stop_reason for t, _ in kept] == ["answer"] * 3
+    fmt = ChatFormat(smol_tokenizer, "rstar2-paper")
+    _, roc = resample_on_correct([Group(kept, [rollout_stats(t, r, fmt) for t, r in kept])], 2, seed=0,
+                                 min_positive=1, min_negative=1)
+    assert (roc.positives, roc.negatives) == (2, 1)

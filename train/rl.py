@@ -39,7 +39,7 @@ from .learner.ray_group import RayConfig
 from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
 from .loss import grpo_advantages
 from .roc import Group, check_sizes, resample_on_correct
-from .rollouts import Batch, Graded, Rollouts
+from .rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .run_frame import RunFrame, resume_from, save_checkpoint
 from .staleness import lag_metrics
 
@@ -58,7 +58,8 @@ class Stage:
     data_seed: int = 0  # the generator's problems from this seed; for problems, the seed of the sample
     data_size: int | None = None  # a generator's count (None: 512); for problems, a sample of this many (0/None: all)
     filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
-    reset_optimizer: bool = False
+    reset_optimizer: bool = False  # at the stage start, a fresh optimizer state (the schedule goes on)
+    restart_schedule: bool = False  # with reset_optimizer, also restart the lr schedule and its warm-up (not the paper)
 
 
 @dataclass
@@ -244,8 +245,11 @@ class RLRun:
 
     def down_sample(self, batch: Batch, groups: list[Graded], step: int) -> tuple[list[Graded], dict[str, float],
                                                                                    list[list[Any]]]:
-        """RoC (or plain GRPO's all-equal drop) on the groups: the kept ones, RoC's counts, each rollout's stats."""
+        """RoC (or plain GRPO's all-equal drop) on the groups: the kept ones, RoC's counts, each rollout's stats.
+        A rollout that failed in the engine is left out of its group (an infrastructure failure is no negative:
+        its reward 0 says nothing of the policy), counted in `engine_errors` (metrics)."""
         cfg, rollouts = self.cfg, self.rollouts
+        groups = without_engine_errors(groups)
         stats = [rollouts.stats(g) for g in groups]
         if cfg.roc:
             kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
@@ -351,7 +355,7 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
                         if stage.filter_solved:
                             await run.rollouts.filter_solved(stage, stage.filter_solved)
                         if stage.reset_optimizer:
-                            run.learner.reset_optimizer()
+                            run.learner.reset_optimizer(stage.restart_schedule)
                     if within == 0 or pool is None:
                         pool = run.rollouts.pool(stage)
                     t0 = time.perf_counter()

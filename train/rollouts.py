@@ -200,7 +200,8 @@ class Rollouts:
             "positive_with_tool_error": (sum(any(c.failed for c in t.tool_calls) for t in positives) / len(positives)
                                          if positives else 0.0),
             "engine_errors": sum(t.stop_reason == "engine_error" for t, _ in flat),
-            "format_violations": sum(not s.well_formed_answer for g in stats for s in g) / len(flat),
+            "format_violations": (sum(not s.well_formed_answer for g in stats for s in g)
+                                  / max(1, sum(len(g) for g in stats))),
             **batch.times,
             "rollout_tokens_per_s": gen_tokens / batch.times["time_rollout"],
         }
@@ -223,3 +224,9 @@ class Rollouts:
             await sandbox.close()
         if engine is not None and self.owns_engine:
             await engine.close()
+
+
+def without_engine_errors(groups: list[Graded]) -> list[Graded]:
+    """Each group without its rollouts that failed in the engine: an infrastructure failure is no negative for
+    RoC or the advantages (its reward 0 says nothing of the policy); `engine_errors` in the metrics counts them."""
+    return [[(t, r) for t, r in g if t.stop_reason != "engine_error"] for g in groups]

@@ -159,10 +159,14 @@ class TorchLearner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, self.total_steps, c))
         return opt
 
-    def reset_optimizer(self, total_steps: int | None = None) -> None:
-        """A fresh optimizer and schedule (RL's stage 3 does this)."""
-        self.total_steps = total_steps or self.total_steps
-        self.optimizer = self._new_optimizer()
+    def reset_optimizer(self, restart_schedule: bool = False) -> None:
+        """A fresh optimizer state (RL's stage 3: the paper resets the state, not the schedule): Adam's moments
+        and step counts are dropped and the learning-rate schedule goes on where it was; `restart_schedule` also
+        starts the schedule again, warm-up included."""
+        if restart_schedule:
+            self.optimizer = self._new_optimizer()
+        else:
+            self.optimizer.state.clear()
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}

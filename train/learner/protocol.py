@@ -30,8 +30,8 @@ class Learner(Protocol):
     def load_state(self, folder: str | Path) -> dict[str, Any]:
         """Optimizer, schedule, step and RNG from a checkpoint this learner was built from; the saved `extra`."""
 
-    def reset_optimizer(self) -> None:
-        """A fresh optimizer state (RL's stage 3)."""
+    def reset_optimizer(self, restart_schedule: bool = False) -> None:
+        """A fresh optimizer state (RL's stage 3); the schedule goes on unless `restart_schedule`."""
 
     def close(self) -> None:
         """Stop what the learner started (ranks, a Ray connection); idempotent."""

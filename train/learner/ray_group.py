@@ -270,8 +270,8 @@ class LearnerActor:
         state = self.learner.load_state(folder)
         return {k: v for k, v in state.items() if k not in STATE_KEYS_NOT_RETURNED}
 
-    def reset_optimizer(self) -> None:
-        self.learner.reset_optimizer()
+    def reset_optimizer(self, restart_schedule: bool = False) -> None:
+        self.learner.reset_optimizer(restart_schedule)
 
     def shutdown(self) -> None:
         import torch
@@ -445,8 +445,8 @@ class LearnerGroup:
         self.step = state["step"]
         return state
 
-    def reset_optimizer(self) -> None:
-        self._all("reset_optimizer")
+    def reset_optimizer(self, restart_schedule: bool = False) -> None:
+        self._all("reset_optimizer", restart_schedule)
 
     def _remove_placement(self) -> None:
         from ray.util.placement_group import remove_placement_group
