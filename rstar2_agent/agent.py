@@ -149,10 +149,17 @@ def stop_after_turn(text: str, has_calls: bool, cut_off: bool) -> str:
     return ""
 
 
+def record(call: ToolCall, turn: int) -> ToolCallRecord:
+    """A parsed call as the trajectory keeps it, before it runs."""
+    return ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
+                          error=call.error)
+
+
 def not_run(call: ToolCall, turn: int) -> ToolCallRecord:
     """A call the loop records without running it (the turn cap ended the trajectory)."""
-    return ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
-                          error=call.error, status=None if call.error else "not_run")
+    rec = record(call, turn)
+    rec.status = None if call.error else "not_run"
+    return rec
 
 
 async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,
@@ -161,8 +168,7 @@ async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, c
     emit = emit or (lambda kind, payload: None)
 
     async def one(call: ToolCall) -> ToolCallRecord:
-        rec = ToolCallRecord(turn=turn, id=call.id, name=call.name, arguments=call.arguments, raw=call.raw,
-                             error=call.error)
+        rec = record(call, turn)
         emit("tool_call", rec)
         result: ExecResult | None = None
         if call.error is None and execute is not None:

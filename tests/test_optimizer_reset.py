@@ -27,3 +27,13 @@ def test_a_reset_drops_the_optimizer_state_and_keeps_the_schedule_unless_told_to
     assert all(int(s["step"]) == 1 for s in learner.optimizer.state.values())
     learner.reset_optimizer(restart_schedule=True)
     assert steps(learner, 2) == before[:2]  # the named option: the warm-up again
+
+
+def test_restart_schedule_without_a_reset_is_refused():
+    import pytest
+
+    from rstar2_agent.train.rl import Stage
+
+    with pytest.raises(ValueError, match="reset_optimizer: true"):
+        Stage(steps=1, restart_schedule=True)
+    assert Stage(steps=1, reset_optimizer=True, restart_schedule=True).restart_schedule

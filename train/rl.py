@@ -61,6 +61,11 @@ class Stage:
     reset_optimizer: bool = False  # at the stage start, a fresh optimizer state (the schedule goes on)
     restart_schedule: bool = False  # with reset_optimizer, also restart the lr schedule and its warm-up (not the paper)
 
+    def __post_init__(self) -> None:
+        if self.restart_schedule and not self.reset_optimizer:
+            raise ValueError("a stage's restart_schedule restarts the schedule of the optimizer reset_optimizer makes: "
+                             "set reset_optimizer: true beside it, or drop restart_schedule")
+
 
 @dataclass
 class RLConfig:
