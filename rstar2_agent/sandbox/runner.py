@@ -8,8 +8,10 @@ Two modes:
   persists across requests, like a notebook kernel.
 
 Protocol on fds 0/1 (moved to high fds at start): frames of a 4-byte big-endian length and a JSON
-object. The host sends {"op": "run", ...} or {"op": "abort"}; the runner answers each run with one
-result object. Its first frame is {"op": "ready"}.
+object. The host sends {"op": "run", ...} or {"op": "abort"}; the runner answers each run with
+{"op": "started"} as soon as it has read it, then with one result object. Its first frame is {"op": "ready"}.
+The receipt tells the host whether a runner that died had the program: one killed while idle never did, and
+its call can go to another worker without running twice.
 """
 
 from __future__ import annotations
@@ -558,6 +560,7 @@ def main() -> None:
             return
         if req.get("op") != "run":
             continue
+        write_frame(ctrl_out, {"op": "started"})
         try:
             resp = runner.handle(req)
         except Exception as e:  # noqa: BLE001

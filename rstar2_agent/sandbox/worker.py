@@ -89,7 +89,7 @@ class Worker:
             raise NotDelivered("worker is not running")
         limits = self.limits.for_call(timeout)
         await self._write({"op": "run", "code": code, "stdin": stdin, "limits": limits})
-        reply = asyncio.ensure_future(self._read())
+        reply = asyncio.ensure_future(self._reply())
         try:
             resp = await asyncio.wait_for(asyncio.shield(reply), limits["wall_seconds"] + GRACE_SECONDS)
         except asyncio.CancelledError:
@@ -100,6 +100,18 @@ class Worker:
             await self.kill()
             raise WorkerDied("the sandbox worker stopped answering and was restarted") from None
         return ExecResult.from_dict({**resp, "backend": self.name})
+
+    async def _reply(self) -> dict[str, Any]:
+        """The runner's receipt, then its result. Gone before the receipt: the program never started, so the
+        caller may run it elsewhere (NotDelivered); gone after it: the call died with the worker."""
+        try:
+            receipt = await self._read()
+        except WorkerDied as e:
+            raise NotDelivered(f"the runner exited before it read the program ({e})") from e
+        if receipt.get("op") != "started":
+            self.broken = True
+            raise WorkerDied(f"the sandbox runner sent {receipt!r} instead of its receipt")
+        return await self._read()
 
     async def _abort_after_cancel(self, reply: asyncio.Future) -> None:
         """The caller went away mid-call: tell the runner to kill the program, and consume its answer."""
