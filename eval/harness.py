@@ -15,7 +15,7 @@ from rich.markup import escape
 from rstar2_agent.chat_format import default_extraction
 from rstar2_agent.engines.spec import EngineSpec, build
 from rstar2_agent.grading.math import MathGrader
-from rstar2_agent.models import resolve_model
+from rstar2_agent.models import resolve_model, trained_extraction
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 from rstar2_agent.store import Store
 
@@ -97,7 +97,9 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
         else:
             fmt = replace(source, format=cfg.format or None).chat_format(engine, resolve_model(source.model))
             cfg.format = fmt.protocol.name
-        cfg.answer_extraction = cfg.answer_extraction or default_extraction(cfg.format or "hermes")
+        # unset: how RL's reward read this checkpoint's answers (what the model was trained to write), else the format's
+        cfg.answer_extraction = (cfg.answer_extraction or (trained_extraction(source.model) if fmt else "")
+                                 or default_extraction(cfg.format or "hermes"))
         grader.extraction = cfg.answer_extraction
         await sandbox.start()
         for bench in benches:

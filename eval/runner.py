@@ -90,7 +90,9 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
     """ctx.agent: the core's token-level loop on `engine`, or the client-side chat-API loop."""
     base = cfg.agent_config()
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True):
+        """`problem_prefix=False`: messages in a benchmark's own prompt, without the rStar2 templates' math-problem
+        instruction (a chat API's server applies its own template, which this does not reach)."""
         acfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=seed))
         if max_turns is not None:
             acfg.max_turns = max_turns
@@ -98,7 +100,8 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
             acfg.max_calls_per_turn = max_calls
         if chat_agent is not None:
             return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute)
-        return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute)
+        ids = None if problem_prefix else fmt.render_prompt(prompt, tools, problem_prefix=False)
+        return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute, prompt_ids=ids)
 
     return agent
 

@@ -307,10 +307,11 @@ class ChatFormat:
         self._after_assistant = "" if self.fixed or self.own_template else self._probe_turn_suffix()
 
     def _apply(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, problem_prefix: bool = True) -> str:
         tools = self.tools if tools is None else tools
         if self.fixed:
-            return release_format.render(messages, tools, add_generation_prompt, prefix_assistant=self.release)
+            return release_format.render(messages, tools, add_generation_prompt, prefix_assistant=self.release,
+                                         default_system=self.protocol.system, problem_prefix=problem_prefix)
         extra = {"tools": tools or None} if self.own_template else {}
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt, **extra)
@@ -366,9 +367,13 @@ class ChatFormat:
             out.insert(0, {"role": "system", "content": self.system_prompt(tools)})
         return out
 
-    def render_prompt(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-                      ) -> list[int]:
-        return self.encode(self._apply(self.messages_for(prompt, tools), True, tools))
+    def render_prompt(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                      problem_prefix: bool = True) -> list[int]:
+        """The prompt's ids, up to and including the generation prompt. `problem_prefix=False`, for messages that
+        are not a math problem (IFEval, Arena-Hard, BFCL in their own prompts): the rStar2 profiles' templates leave
+        out the math-problem instruction they put before every user turn (the other formats never add it to
+        messages)."""
+        return self.encode(self._apply(self.messages_for(prompt, tools), True, tools, problem_prefix))
 
     # -- tool responses
     def tool_response_ids(self, results: list[str], turn_ended_with_eos: bool, turn_text: str = "") -> list[int]:

@@ -81,6 +81,24 @@ def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
     return ResolvedModel(_download(hub_id), spec or _spec_for_folder(None, hub_id))
 
 
+def checkpoint_meta(model: str | None) -> Path | None:
+    """The `rstar2.json` of one of our checkpoints named by folder or by training run (nothing is loaded or
+    downloaded); None for anything else."""
+    name = model or DEFAULT_MODEL
+    if name.lower() in REGISTRY:
+        return None
+    for folder in (Path(name).expanduser(), Path("runs") / name / "last"):
+        if (folder / "rstar2.json").exists():
+            return folder / "rstar2.json"
+    return None
+
+
+def trained_extraction(model: str | None) -> str:
+    """How RL's reward read an RL checkpoint's answers (its meta's `answer_extraction`); "" for any other model."""
+    meta = checkpoint_meta(model)
+    return json.loads(meta.read_text()).get("answer_extraction", "") if meta is not None else ""
+
+
 def format_reason(model: str | None, given: str | None, used: str) -> str:
     """Which format profile a command uses for a model, and why (without loading or downloading anything)."""
     if given:
@@ -90,9 +108,9 @@ def format_reason(model: str | None, given: str | None, used: str) -> str:
     if spec is not None:
         note = f" ({spec.format_note})" if spec.format_note else ""
         return f"{used}: the registry's profile for {spec.name}{note}"
-    for folder in (Path(name).expanduser(), Path("runs") / name / "last"):
-        if (folder / "rstar2.json").exists():
-            return f"{used}: the format the checkpoint was trained in ({folder / 'rstar2.json'})"
+    meta = checkpoint_meta(name)
+    if meta is not None:
+        return f"{used}: the format the checkpoint was trained in ({meta})"
     if any(s.hub_id and s.hub_id.lower() == name.lower() for s in REGISTRY.values()):
         return f"{used}: the registry's profile for {name}"
     return (f"{used}: the default for a model the registry does not know (a tool-calling model in its own chat "

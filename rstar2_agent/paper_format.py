@@ -5,7 +5,10 @@ The release's README says its migrated training code "hasn't been used to train 
 was trained in the paper's internal framework, whose format the paper shows in its prompt figure (Figure 3) and its
 trace figures. What they fix, and what this profile renders:
 
-- The system turn: the release's system prompt, then the Hermes "# Tools" block with one tool,
+- The system turn: Figure 3's system prompt (PAPER_SYSTEM; it differs from the release's in four places: "The user
+  asks", "provides the user", "The reasoning process and answer are enclosed within <reason> </reason> and
+  <answer> </answer> tags", and no space between `</reason>` and `<answer>`; the release's wording stays in the
+  `rstar2-release` profile), then the Hermes "# Tools" block with one tool,
   `execute_python_code_with_standard_io`, whose schema is the release's (description, `code` and `input`, both
   required) plus a `return` entry (PAPER_SCHEMA).
 - The user turn: "You must put your answer inside <answer> </answer> tags, ... This is the problem:\\n{problem}".
@@ -51,12 +54,20 @@ PAPER_SCHEMA: dict[str, Any] = {
                    "output. If an error occurs during execution, the error message will be returned."},
     },
 }
+# Figure 3's system prompt, as the paper prints it
+PAPER_SYSTEM = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+    "Assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+    "The reasoning process and answer are enclosed within <reason> </reason> and <answer> </answer> tags, "
+    "respectively, i.e., <reason> reasoning process here </reason><answer> answer here </answer>."
+)
 FAILED = "tool call failed"
 MAX_RESPONSE_CHARS = 2048
 
 
 class PaperProtocol(ReleaseProtocol):
     name = "rstar2-paper"
+    system = PAPER_SYSTEM
     python_tool = PAPER_TOOL
     alias = RELEASE_TOOL
     max_tool_output_chars = MAX_RESPONSE_CHARS

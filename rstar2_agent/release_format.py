@@ -64,23 +64,28 @@ def _json(value: Any) -> str:
 
 
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           add_generation_prompt: bool, prefix_assistant: bool = True) -> str:
+           add_generation_prompt: bool, prefix_assistant: bool = True, default_system: str = DEFAULT_SYSTEM,
+           problem_prefix: bool = True) -> str:
     """The release's template. `prefix_assistant=False` (the rstar2-paper profile) leaves assistant turns without
-    tool calls as written: the release template's prefix on them is a quirk of its code, not in the paper."""
+    tool calls as written: the release template's prefix on them is a quirk of its code, not in the paper.
+    `default_system`: the system prompt when the messages bring none (the paper's profile: its Figure 3's).
+    `problem_prefix=False`: user turns as written, without the math-problem instruction (the paper's non-math
+    benchmarks, in their own prompts)."""
+    prefix = PROBLEM_PREFIX if problem_prefix else ""
     first = messages[0] if messages else {}
     system = first.get("content") if first.get("role") == "system" else None
+    system = default_system if system is None else system
     if tools:
-        out = ["<|im_start|>system\n", DEFAULT_SYSTEM if system is None else system, TOOLS_OPEN,
-               *("\n" + _json(t) for t in tools), TOOLS_CLOSE]
+        out = ["<|im_start|>system\n", system, TOOLS_OPEN, *("\n" + _json(t) for t in tools), TOOLS_CLOSE]
     else:
-        out = ["<|im_start|>system\n", DEFAULT_SYSTEM if system is None else system, "<|im_end|>\n"]
+        out = ["<|im_start|>system\n", system, "<|im_end|>\n"]
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
         plain_assistant = role == "assistant" and not m.get("tool_calls")
         if plain_assistant and not prefix_assistant:
             out.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
         elif role == "user" or (role == "system" and i > 0) or plain_assistant:
-            out.append(f"<|im_start|>{role}\n{PROBLEM_PREFIX}{content}<|im_end|>\n")
+            out.append(f"<|im_start|>{role}\n{prefix}{content}<|im_end|>\n")
         elif role == "assistant":
             out.append("<|im_start|>assistant" + (f"\n{content}" if content else ""))
             for call in m["tool_calls"]:
@@ -113,6 +118,7 @@ def truncate(text: str, limit: int) -> str:
 
 class ReleaseProtocol:
     name = "rstar2-release"
+    system = DEFAULT_SYSTEM  # the system prompt when a conversation brings none
     stop: list[str] = []  # a turn ends at <|im_end|>
     soft_stop: list[str] = []
     user_turn_results = True

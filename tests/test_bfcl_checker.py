@@ -247,9 +247,10 @@ class FakeAgent:
     def __init__(self, script):
         self.script, self.requests = script, []
 
-    async def __call__(self, messages, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
+    async def __call__(self, messages, tools=None, seed=None, max_turns=None, execute=None, max_calls=None,
+                       problem_prefix=True):
         self.requests.append({"messages": copy.deepcopy(messages), "tools": tools, "max_turns": max_turns,
-                              "max_calls": max_calls})
+                              "max_calls": max_calls, "problem_prefix": problem_prefix})
         records = []
         for k, (name, args) in enumerate(self.script(len(self.requests) - 1, tools)):
             raw = json.dumps({"name": name, "arguments": args})
@@ -276,6 +277,7 @@ async def test_benchmark_single_turn_maps_names_back_with_a_scripted_agent():
     out = await bench.run(problem, 0, context(agent))
     assert out.correct and out.details["produced"][0]["name"] == item["function"][0]["name"]
     assert agent.requests[0]["max_turns"] == 1 and agent.requests[0]["messages"][0]["role"] == "system"
+    assert agent.requests[0]["problem_prefix"] is False  # BFCL's own prompt, without the math instruction
     wrong = await bench.run(problem, 0, context(FakeAgent(lambda i, tools: [])))
     assert not wrong.correct and "Wrong number" in wrong.details["error"] and wrong.details["expected"]
 
@@ -338,9 +340,10 @@ def real_loop_context(tokenizer, texts: list[str], format: str = "hermes") -> tu
 
     engine, fmt = ScriptedEngine(tokenizer, texts), ChatFormat(tokenizer, format)
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None):
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True):
         cfg = AgentConfig(max_turns=max_turns or 30, max_calls_per_turn=max_calls)
-        return await run_agent(prompt, engine, None, fmt, cfg, tools=tools, execute=execute)
+        ids = fmt.render_prompt(prompt, tools, problem_prefix=problem_prefix)
+        return await run_agent(prompt, engine, None, fmt, cfg, tools=tools, execute=execute, prompt_ids=ids)
 
     return Context(agent=agent, math_grader=None, seed=0, extra={"fmt": fmt}), engine
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from rstar2_agent.eval import paper
 from rstar2_agent.eval.benchmarks import BENCHMARKS, PAPER
+from rstar2_agent.eval.benchmarks.base import REASONING_BUDGET
 from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3
 from rstar2_agent.eval.eval_commands import eval_group
 from rstar2_agent.eval.harness import Source, default_run_name
@@ -36,9 +37,10 @@ def test_math_and_gpqa_run_as_the_paper_does(name):
     assert (d.n, d.temperature, d.top_p, d.max_tokens, d.max_turns) == (16, 0.6, 1.0, 30720, 30)
 
 
-def test_bfcl_runs_one_greedy_sample_as_its_leaderboard_does():
-    d = BFCLv3.defaults
-    assert (d.n, d.temperature, d.top_p) == (1, 0.0, 1.0) and d.max_tokens == 4096
+def test_bfcl_ifeval_and_arena_hard_run_one_greedy_sample_with_room_to_reason():
+    for bench in (BFCLv3, BENCHMARKS["ifeval"], BENCHMARKS["arena_hard"]):
+        d = bench.defaults
+        assert (d.n, d.temperature, d.top_p) == (1, 0.0, 1.0) and d.max_tokens == REASONING_BUDGET == 16384
 
 
 def test_flags_override_the_benchmark_defaults():

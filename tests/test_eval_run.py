@@ -281,3 +281,29 @@ async def test_bfcl_v3_items_with_the_real_model(tmp_path):
     assert len(log) == len(user_turns) or log[-1]["stop_reason"] == "max_turns"
     html = (write_outputs(store, "bfcl", tmp_path / "out")[2]).read_text()
     assert "expected" in html
+
+
+async def test_an_rl_checkpoint_is_graded_as_its_reward_read_it(tmp_path, tiny_smollm2):
+    """An RL checkpoint's meta says how the reward read its answers (answer_extraction); eval, left unset, grades it
+    the same way and stores that setting. The release's extraction reads the last \\boxed{} anywhere; the paper's,
+    the rstar2-paper default, only inside the answer block, so the same text is wrong for a plain model folder."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from conftest import ScriptedEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_smollm2)
+    verdicts = {}
+    for name, meta in (("rl", {"format": "rstar2-paper", "answer_extraction": "release"}),
+                       ("sft", {"format": "rstar2-paper"})):
+        folder = tmp_path / name
+        shutil.copytree(tiny_smollm2, folder)
+        (folder / "rstar2.json").write_text(json.dumps(meta))
+        engine = ScriptedEngine(tokenizer, ["2 + 3 is \\boxed{5}</reason>"])
+        store = Store(tmp_path / f"{name}.db")
+        names = await evaluate(["aime24"], Source(model=str(folder)), cfg(n=1, limit=1, use_tools=False), store,
+                               None, str(FIXTURE), engine=engine)
+        (result,) = load(store, names["aime24"])
+        verdicts[name] = (result.run.config["answer_extraction"], result.samples[0].correct)
+    assert verdicts == {"rl": ("release", True), "sft": ("paper", False)}

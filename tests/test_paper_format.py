@@ -13,7 +13,7 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.models import REGISTRY
-from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_TOOL, PaperProtocol
+from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_SYSTEM, PAPER_TOOL, PaperProtocol
 from rstar2_agent.release_format import PROBLEM_PREFIX, ReleaseProtocol
 from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_SCHEMA
@@ -60,16 +60,23 @@ def test_the_paper_s_tool_is_the_release_s_schema_under_its_name_with_a_return_e
 
 @needs_reference
 def test_the_first_prompt_is_figure_3_rendered_by_the_release_template_with_the_paper_s_tool(smol_tokenizer):
-    """System prompt, tools block, "This is the problem:" prefix and the <reason> generation prompt: the release's
-    template fixes the same parts, so with the paper's tool it must give the same ids."""
+    """Figure 3's system prompt, tools block, "This is the problem:" prefix and the <reason> generation prompt: the
+    release's template fixes the same parts, so given Figure 3's system prompt and the paper's tool it must give the
+    same ids. The system prompt is Figure 3's, not the release's (they differ in four places)."""
     fmt = ChatFormat(smol_tokenizer, "rstar2-paper")
     q = "Find the number of colorings."
-    expected = smol_tokenizer.apply_chat_template([{"role": "user", "content": q}], tools=[PAPER_SCHEMA],
+    expected = smol_tokenizer.apply_chat_template([{"role": "system", "content": PAPER_SYSTEM},
+                                                   {"role": "user", "content": q}], tools=[PAPER_SCHEMA],
                                                   chat_template=TEMPLATE.read_text(), add_generation_prompt=True,
                                                   tokenize=True, return_dict=False)
     assert fmt.render_prompt(q) == list(expected)
     text = fmt.decode(fmt.render_prompt(q))
-    assert text.startswith("<|im_start|>system\nA conversation between User and Assistant.")
+    assert text.startswith("<|im_start|>system\nA conversation between User and Assistant. The user asks a question")
+    assert "provides the user with the answer. The reasoning process and answer are enclosed within" in text
+    assert "</reason><answer> answer here </answer>." in text and "The User asks" not in text
+    release_fmt = ChatFormat(smol_tokenizer, "rstar2-release")
+    release = release_fmt.decode(release_fmt.render_prompt(q))
+    assert "The User asks a question" in release and "</reason> <answer> answer here" in release
     assert '"return": {"type": "string"' in text
     assert text.endswith(PROBLEM_PREFIX + q + "<|im_end|>\n<|im_start|>assistant\n<reason>")
 

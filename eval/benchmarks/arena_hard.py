@@ -35,7 +35,7 @@ from rstar2_agent.grading.arena import (
 from rstar2_agent.grading.ifeval import final_text
 from rstar2_agent.store import Judgment, Sample
 
-from .base import Benchmark, Context, Outcome, Problem, RunDefaults, sample_seed
+from .base import REASONING_BUDGET, Benchmark, Context, Outcome, Problem, RunDefaults, sample_seed
 
 HUB_ID = "lmarena-ai/arena-hard-auto"
 QUESTIONS = ("arena_hard_v0.1_questions.jsonl", "data/arena-hard-v0.1/question.jsonl")
@@ -90,7 +90,7 @@ def _uid(row: dict[str, Any]) -> str:
 
 class ArenaHard(Benchmark):
     name = "arena_hard"
-    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=4096, max_turns=1)
+    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=REASONING_BUDGET, max_turns=1)
 
     def __init__(self, judge: JudgeSpec | None = None):
         self.judge = judge or JudgeSpec()
@@ -113,7 +113,7 @@ class ArenaHard(Benchmark):
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
         traj = await ctx.agent([{"role": "user", "content": problem.question}], tools=[], max_turns=1,
-                               seed=sample_seed(ctx.seed, problem.id, sample_index))
+                               seed=sample_seed(ctx.seed, problem.id, sample_index), problem_prefix=False)
         answer = final_text(traj.text)
         details: dict[str, Any] = {"question": problem.question, "answer": answer, "judge": self.judge.label()}
         if traj.stop_reason == "engine_error":
@@ -163,7 +163,7 @@ class ArenaHard(Benchmark):
 
     async def _ask(self, messages: list[dict[str, str]], ctx: Context) -> str:
         if self.judge.url is None:  # the model under test judges (a smoke test)
-            traj = await ctx.agent(messages, tools=[], max_turns=1, seed=0)
+            traj = await ctx.agent(messages, tools=[], max_turns=1, seed=0, problem_prefix=False)
             if traj.stop_reason == "engine_error":
                 raise JudgeError(traj.error or "the engine failed")
             return final_text(traj.text) or traj.text

@@ -33,6 +33,11 @@ class RunDefaults:
 # keep: the release's trainer config leaves multi_turn.max_assistant_turns at 5 and that script does not raise it;
 # we follow the paper's 30.
 PAPER = RunDefaults(n=16, temperature=0.6, top_p=1.0, max_tokens=30720, max_turns=30)
+# BFCL v3, IFEval and Arena-Hard (section 5.1: "each benchmark's default prompt template", T 0) in their own prompts,
+# without the math-problem instruction (ctx.agent's problem_prefix=False). Their response budget is ours (the paper
+# gives none): 16K tokens, room for a reasoning model's thinking before the answer. The leaderboards' 4,096 (BFCL
+# caps each generation there; Arena-Hard's baseline answers were generated with it) is --max-tokens 4096.
+REASONING_BUDGET = 16384
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from rstar2_agent.trajectory import Trajectory, Turn
 
-from .base import Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
+from .base import REASONING_BUDGET, Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
 
 try:
     from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
@@ -172,10 +172,11 @@ class BFCLv3(Benchmark):
     file = "BFCL_v3_simple.json"
     # As the leaderboard runs it (bfcl_eval 2025.6.8, _llm_response_generation.py and base_oss_handler.py): one
     # greedy sample per item (its --temperature default 0.001, i.e. greedy; we use 0), no nucleus cut, and at most
-    # min(4096, context left) tokens a generation. Our budget is per agent call, so for a multi-turn item it bounds
+    # min(4096, context left) tokens a generation; ours is base.py REASONING_BUDGET, for a model that reasons first
+    # (--max-tokens 4096 for the leaderboard's). Our budget is per agent call, so for a multi-turn item it bounds
     # all the steps of one user turn together, where BFCL caps each step. max_turns is not used: single-turn items
     # get one assistant turn, multi-turn ones BFCL's 20 steps (+1) per user turn.
-    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=4096, max_turns=30)
+    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=REASONING_BUDGET, max_turns=30)
 
     def __init__(self, categories: str | list[str] | tuple[str, ...] | None = None):
         self.categories = expand_categories(categories) if bfcl is not None else ()
@@ -212,7 +213,8 @@ class BFCLv3(Benchmark):
         category = meta["category"]
         tools, names = tools_for(meta["functions"], category)
         traj = await ctx.agent(with_system(meta["turns"][0]), tools=tools, max_turns=1, execute=_not_executed,
-                               max_calls=CALLS_PER_TURN, seed=sample_seed(ctx.seed, problem.id, sample_index))
+                               max_calls=CALLS_PER_TURN, seed=sample_seed(ctx.seed, problem.id, sample_index),
+                               problem_prefix=False)
         records = traj.turns[0].tool_calls if traj.turns else []
         calls = [{"name": names.get(r.name, r.name), "arguments": r.arguments} for r in records if r.name]
         unreadable = [r.raw for r in records if not r.name]
@@ -254,7 +256,7 @@ class BFCLv3(Benchmark):
             messages += user
             traj = await ctx.agent(messages, tools=tools, max_turns=bfcl.MAX_STEPS + 1, execute=execute,
                                    max_calls=CALLS_PER_TURN,
-                                   seed=sample_seed(ctx.seed, f"{problem.id}/{t}", sample_index))
+                                   seed=sample_seed(ctx.seed, f"{problem.id}/{t}", sample_index), problem_prefix=False)
             messages += continuation(traj, eos)
             trajs.append(traj)
             executed.append(calls)

@@ -18,7 +18,7 @@ from typing import Any
 from rstar2_agent.grading.ifeval import check, final_text, kwargs_of
 from rstar2_agent.trajectory import Trajectory
 
-from .base import Benchmark, BenchmarkSource, Context, Outcome, Problem, RunDefaults, sample_seed
+from .base import REASONING_BUDGET, Benchmark, BenchmarkSource, Context, Outcome, Problem, RunDefaults, sample_seed
 
 SOURCE = BenchmarkSource("ifeval", "google/IFEval", "train", "ifeval.jsonl",
                          ("key", "prompt", "instruction_id_list", "kwargs"), question="prompt")
@@ -27,9 +27,10 @@ SOURCE = BenchmarkSource("ifeval", "google/IFEval", "train", "ifeval.jsonl",
 class IFEval(Benchmark):
     name = "ifeval"
     source = SOURCE
-    # One greedy sample, no tool (the paper: T 0). Neither the paper nor IFEval gives a response budget; 4096 as for
-    # BFCL v3 (lm-eval's IFEval task allows 1280).
-    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=4096, max_turns=1)
+    # One greedy sample, no tool (the paper: T 0). Neither the paper nor IFEval gives a response budget: ours, as for
+    # BFCL v3 and Arena-Hard (base.py REASONING_BUDGET; lm-eval's IFEval task allows 1280, for a model that does not
+    # reason first).
+    defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=REASONING_BUDGET, max_turns=1)
 
     def problem(self, row: dict[str, Any], index: int) -> Problem:
         ids = list(row["instruction_id_list"])
@@ -38,7 +39,7 @@ class IFEval(Benchmark):
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
         traj = await ctx.agent([{"role": "user", "content": problem.question}], tools=[], max_turns=1,
-                               seed=sample_seed(ctx.seed, problem.id, sample_index))
+                               seed=sample_seed(ctx.seed, problem.id, sample_index), problem_prefix=False)
         outcome = self.grade_text(traj, problem)
         outcome.details["question"] = problem.question
         return outcome
