@@ -187,10 +187,10 @@ def test_train_data_json_reports_rows_and_tokens_per_source(tmp_path, fmt):
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     got = {r["source"]: (r["rows"], r["requested"], r["bad_rows"], r["filtered"]) for r in report["sources"]}
-    assert got == {PAPER_MIX[0]: (3, 11300, 1, 0), PAPER_MIX[1]: (2, 5000, 0, 0), PAPER_MIX[2]: (3, 100700, 0, 0),
+    assert got == {PAPER_MIX[0]: (3, 11000, 1, 0), PAPER_MIX[1]: (2, 5000, 0, 0), PAPER_MIX[2]: (3, 101000, 0, 0),
                    PAPER_MIX[3]: (3, 48000, 0, 1), PAPER_MIX[4]: (3, 30000, 0, 0), PAPER_MIX[5]: (3, 27000, 0, 1),
                    "synthetic:2:0": (2, None, 0, 0)}
-    assert "asked for 11300 rows, it has 3" in p.stderr
+    assert "asked for 11000 rows, it has 3" in p.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == report["total"]["rows"] == 19
     # the tokens are those of the written records rendered as SFT renders them (hermes, SmolLM2's tokenizer)
@@ -272,3 +272,59 @@ async def test_rewrite_resumes_without_asking_twice_against_serve_with_a_scripte
         assert json.loads(stdout)["rewrite"] == {tulu: {"asked": 0, "cached": 6, "empty": 0}}
         written = [json.loads(line) for line in (tmp_path / "mix.jsonl").read_text().splitlines()]
         assert written[:3] == hub("Team-ACE/ToolACE") and written[3:] == out and engine.calls == 6
+
+
+# ------------------------------------------------------------------------------------------ the targets' shape
+@pytest.fixture(scope="module")
+def paper_fmt(smol_tokenizer):
+    return ChatFormat(smol_tokenizer, "rstar2-paper")
+
+
+def test_every_paper_mix_source_trains_in_the_shape_the_rl_reward_reads(paper_fmt):
+    """Each mix:paper source's fixture in the rstar2-paper profile: as written almost no conversation has the paper's
+    shape (a Tulu answer is plain text, a ToolACE turn a bare call); as trained, with target_shape "format", every
+    one does, per source, and the decoded targets close </reason> before each call and end in an answer block."""
+    from rstar2_agent.train.data.sft_mix import render_parts, report
+
+    parts = load_mix(list(PAPER_MIX), 0, "skip", str(HUB_DIR))
+    examples = render_parts(paper_fmt, parts, 1 << 30)
+    rows = {r["source"]: r for r in report(parts)["sources"]}
+    for source in PAPER_MIX:
+        assert rows[source]["in_shape"] == 1.0, (source, rows[source])
+        assert rows[source]["in_shape_as_written"] < 1.0, source  # what the conversion is for
+    eos = paper_fmt.eos_text
+    for ex in examples:
+        targets = [t for t in _spans(paper_fmt, ex) if t.strip()]
+        assert targets and all(t.endswith(eos) for t in targets)
+        for t in targets:
+            body = t[:-len(eos)]
+            assert "</reason>" in body and ("<tool_call>" in body.split("</reason>", 1)[1]
+                                            or body.rstrip().endswith("</answer>")), body[-200:]
+    as_written = render_parts(paper_fmt, load_mix(list(PAPER_MIX[4:5]), 0, "skip", str(HUB_DIR)), 1 << 30,
+                              shape="as_written")
+    assert not any(ex.shaped for ex in as_written)  # Tulu 3 as written: its answers are not in a block
+    with pytest.raises(ValueError, match="target_shape must be one of format, as_written"):
+        load_examples(paper_fmt, [], 100, shape="paper")
+
+
+def test_hermes_reports_no_shape_share(fmt):
+    from rstar2_agent.train.data.sft_mix import render_parts, report
+
+    parts = load_mix(list(PAPER_MIX[4:5]), 0, "skip", str(HUB_DIR))
+    render_parts(fmt, parts, 1 << 30)
+    (row,) = report(parts)["sources"]
+    assert row["in_shape"] is None and row["in_shape_as_written"] is None
+
+
+def _spans(fmt: ChatFormat, ex) -> list[str]:
+    """The example's target runs (mask 1), decoded."""
+    out, run = [], []
+    for i, m in zip(ex.ids, ex.mask, strict=True):
+        if m:
+            run.append(i)
+        elif run:
+            out.append(fmt.tokenizer.decode(run))
+            run = []
+    if run:
+        out.append(fmt.tokenizer.decode(run))
+    return out

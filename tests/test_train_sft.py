@@ -193,6 +193,27 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch,
     assert not list(Path(cfg.out).glob("*.tmp"))
 
 
+def test_batch_examples_counts_examples_per_step_and_an_epoch_takes_each_once(tmp_path, tiny_smollm2):
+    """`batch_examples: 4` on 12 conversations: 3 steps an epoch, each with 4 examples (packed into rows of seq_len),
+    every example once in the epoch, and the step's loss over all 4 examples' targets."""
+    from rstar2_agent.train.sft import SFTRun
+
+    run = SFTRun(tiny(tmp_path, model=tiny_smollm2, data=["synthetic:12:0"], batch_examples=4, epochs=1, dtype="fp32"))
+    learner = run.prepare()
+    assert len(run.examples) == 12 and run.total == 3 and run.rows == []
+    seen = []
+    for step in range(3):
+        rows = run.step_rows(step)
+        docs = [ex for r in rows for ex in r.docs]
+        assert len(docs) == 4 and all(r.length <= 1024 for r in rows)
+        seen += [id(ex) for ex in docs]
+    assert sorted(seen) == sorted(map(id, run.examples))
+    metrics = run.train_step(learner)
+    assert metrics["target_tokens"] == sum(sum(ex.mask) for r in run.step_rows(0) for ex in r.docs)
+    with pytest.raises(ValueError, match="batch_examples is a number of examples per step"):
+        SFTRun(tiny(tmp_path, model=tiny_smollm2, batch_examples=-1))
+
+
 def sft_rank(cfg: SFTConfig) -> tuple[float, float, int]:
     """One optimizer step of SFT on this rank (under torchrun's environment: FSDP2 over the ranks); its logged gradient
     norm and loss, and the number of packed rows."""
@@ -205,18 +226,26 @@ def sft_rank(cfg: SFTConfig) -> tuple[float, float, int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2):
-    """The same step's rows (2 a step: 2 ranks x 1, or 1 process x 2 accumulated) on two FSDP2 ranks over gloo and in
-    one process: the same gradient norm and loss. FSDP averages the ranks' gradients, so unscaled the two ranks'
-    norm is half (with 8 GPUs an eighth, and grad_clip 1.0 acting as 8.0)."""
+@pytest.mark.parametrize("batch", ["rows", "examples"])
+def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2, batch):
+    """The same step on two FSDP2 ranks over gloo and in one process: the same gradient norm and loss. `rows`: 2
+    packed rows a step (2 ranks x 1, or 1 process x 2 accumulated); `examples`: 3 examples a step (the paper's way of
+    counting), packed into fewer rows than ranks, so one rank runs a padding pass with no target to keep FSDP's
+    collectives in step. FSDP averages the ranks' gradients, so unscaled the two ranks' norm is half (with 8 GPUs an
+    eighth, and grad_clip 1.0 acting as 8.0)."""
     from gloo_ranks import run_ranks
 
     from rstar2_agent.train.sft import SFTRun
 
     base = dict(model=tiny_smollm2, data=["synthetic:16:0"], micro_batch=1, dtype="fp32")
+    if batch == "examples":
+        base |= {"batch_examples": 3, "seq_len": 4096}  # the 3 fit one row
     one = SFTRun(tiny(tmp_path / "one", grad_accum=2, **base))
     want = one.train_step(one.prepare())
-    assert len(one.rows) >= 2
+    if batch == "examples":
+        assert len(one.step_rows(0)) == 1 and sum(len(r.docs) for r in one.step_rows(0)) == 3
+    else:
+        assert len(one.rows) >= 2
     ranks = run_ranks(sft_rank, 2, tiny(tmp_path / "two", grad_accum=1, **base))
     assert ranks[0][2] == len(one.rows)
     for grad_norm, loss, _ in ranks:

@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
-from .data.chat_data import DataStats, Row, collate, pack
+from .data.chat_data import DataStats, Example, Row, collate, pack
 from .data.sft_mix import load_mix, render_parts, report
 from .learner.checkpoint import CheckpointConfig
 from .learner.model import GROUP_TIMEOUT_S, OptimConfig, TorchLearner
@@ -40,6 +41,10 @@ class SFTConfig:
     seq_len: int = 1024  # packed row length; longer conversations are dropped or truncated (`overlong`)
     micro_batch: int = 4  # packed rows per forward pass
     grad_accum: int = 1  # micro-batches per optimizer step (per process)
+    # examples per optimizer step, as the paper counts its batch (128); they are packed into rows of seq_len for the
+    # forward passes, micro_batch rows each, however many that takes (grad_accum is then unused). 0: a step is
+    # micro_batch x grad_accum x processes packed rows, each holding several examples
+    batch_examples: int = 0
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -48,6 +53,10 @@ class SFTConfig:
     gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan.py
     memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit
     format: str = "hermes"
+    # rstar2-paper targets: "format" converts assistant turns without the paper's shape (</reason> before each call,
+    # each answer in <answer></answer>: what the RL reward reads) deterministically; "as_written" trains the rows'
+    # own text (data/target_shape.py). Either way the run's info reports each source's shares
+    target_shape: str = "format"
     seed: int = 0
     out: str = "runs/sft"
     save_every: int = 0  # steps; 0: only at the end
@@ -67,8 +76,9 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def step_rows(rows: list[Row], step: int, per_step: int, seed: int) -> list[Row]:
-    """The rows of optimizer step `step`: a pure function of (seed, step), so a resume takes the same ones."""
+def step_rows(rows: list[Any], step: int, per_step: int, seed: int) -> list[Any]:
+    """The rows (or examples) of optimizer step `step`: a pure function of (seed, step), so a resume takes the same
+    ones."""
     steps_per_epoch = max(1, len(rows) // per_step)
     epoch, k = divmod(step, steps_per_epoch)
     order = epoch_order(len(rows), seed, epoch)
@@ -85,7 +95,7 @@ class SFTRun:
 
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         self.fmt = ChatFormat(tokenizer, cfg.format, resolved.spec.chat_template)
-        examples = render_parts(self.fmt, self.parts, cfg.seq_len, cfg.overlong)
+        examples = render_parts(self.fmt, self.parts, cfg.seq_len, cfg.overlong, cfg.target_shape)
         self.stats = DataStats()
         for part in self.parts:
             self.stats.add(part.stats)
@@ -93,7 +103,11 @@ class SFTRun:
                      part.stats.tokens)
         if not examples:
             raise ValueError(f"no usable training examples in {cfg.data} (see the warnings above)")
-        self.rows = pack(examples, cfg.seq_len, cfg.seed)
+        if cfg.batch_examples < 0:
+            raise ValueError(f"batch_examples is a number of examples per step (0: packed rows per step), not "
+                             f"{cfg.batch_examples!r}")
+        self.examples = examples
+        self.rows = [] if cfg.batch_examples else pack(examples, cfg.seq_len, cfg.seed)
         self.learner_init = (str(last) if last else resolved.path)
         self.base_spec = resolved.spec
         self.last = last
@@ -101,8 +115,8 @@ class SFTRun:
     def prepare(self) -> TorchLearner:
         cfg = self.cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.per_step = cfg.micro_batch * cfg.grad_accum * self.world
-        steps_per_epoch = max(1, len(self.rows) // self.per_step)
+        self.per_step = cfg.batch_examples or cfg.micro_batch * cfg.grad_accum * self.world
+        steps_per_epoch = max(1, len(self.examples if cfg.batch_examples else self.rows) // self.per_step)
         self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
         learner = TorchLearner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
                                gradient_checkpointing=cfg.gradient_checkpointing, checkpoint=cfg.checkpoint,
@@ -113,14 +127,19 @@ class SFTRun:
 
     def train_step(self, learner: TorchLearner) -> dict[str, float]:
         cfg = self.cfg
-        rows = step_rows(self.rows, learner.step, self.per_step, cfg.seed)
+        rows = self.step_rows(learner.step)
         mine = rows[learner.rank::self.world]
         denominator = sum(sum(ex.mask) for r in rows for ex in r.docs)
+        pad_id = self.fmt.tokenizer.pad_token_id or 0
+        # every rank runs as many forward passes (FSDP's collectives line up): a rank with fewer rows pads with a
+        # one-token row that has no target
+        passes = math.ceil(math.ceil(len(rows) / self.world) / cfg.micro_batch)
+        parts = [mine[i * cfg.micro_batch:(i + 1) * cfg.micro_batch] or [Row([Example([pad_id], [0])])]
+                 for i in range(passes)]
         t0 = time.perf_counter()
         loss = 0.0
-        for i in range(0, len(mine), cfg.micro_batch):
-            part = learner.sft_loss(collate(mine[i:i + cfg.micro_batch], self.fmt.tokenizer.pad_token_id or 0),
-                                    denominator)
+        for micro in parts:
+            part = learner.sft_loss(collate(micro, pad_id), denominator)
             # each rank's loss is its share of the step's sum (the denominator counts every rank's tokens), and FSDP
             # averages the gradients over the ranks: times the world size, their mean is the sum, the gradient of
             # the whole step's loss, whatever the number of ranks (as RL's `scale`)
@@ -134,6 +153,14 @@ class SFTRun:
         tokens = sum(r.length for r in rows)
         return {"loss": loss, "tokens_per_s": tokens / (time.perf_counter() - t0), "target_tokens": denominator, **out}
 
+    def step_rows(self, step: int) -> list[Row]:
+        """The packed rows of optimizer step `step`: `per_step` rows, or with `batch_examples` that many examples
+        (a seeded order per epoch, as the rows') packed for this step."""
+        if not self.cfg.batch_examples:
+            return step_rows(self.rows, step, self.per_step, self.cfg.seed)
+        examples = step_rows(self.examples, step, self.per_step, self.cfg.seed)
+        return pack(examples, self.cfg.seq_len, self.cfg.seed * 1000003 + step)
+
     def save(self, learner: TorchLearner) -> Path:
         return save_checkpoint(learner, self.cfg, "sft", learner.step, self.base_spec.context_length)
 
@@ -144,7 +171,7 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
     run = SFTRun(cfg, resume)
     learner = run.prepare()
     info = {"data": dataclasses.asdict(run.stats), "sources": report(run.parts)["sources"], "rows": len(run.rows),
-            "total_steps": run.total}
+            "examples": len(run.examples), "total_steps": run.total}
     history = []
     with RunFrame(cfg, "sft", learner.step, info, primary=learner.rank == 0) as frame:
         while learner.step < run.total:
@@ -156,4 +183,5 @@ def run_sft(cfg: SFTConfig, resume: bool = False, on_step: Callable[[int, int, d
             if frame.periodic_save(learner.step) and learner.step < run.total:
                 run.save(learner)
         final = run.save(learner)
+    learner.close()  # under torchrun: the ranks end their groups together
     return final, history

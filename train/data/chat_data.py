@@ -19,6 +19,8 @@ import torch
 from rstar2_agent.chat_format import ChatFormat, for_format
 from rstar2_agent.release_format import GENERATION_PROMPT
 
+from .target_shape import check_target_shape, in_shape, to_shape
+
 log = logging.getLogger(__name__)
 
 # The tool name in records converted from code data (Magicoder): the Python tool of the chat format that renders
@@ -34,6 +36,10 @@ class DataError(ValueError):
 class Example:
     ids: list[int]
     mask: list[int]  # 1 where the token is an assistant token (a training target)
+    # every assistant turn in the rstar2-paper shape (target_shape.py), as the row was written and as trained; None
+    # in a format without that shape
+    shaped_as_written: bool | None = None
+    shaped: bool | None = None
 
 
 @dataclass
@@ -46,6 +52,9 @@ class DataStats:
     examples: int = 0
     tokens: int = 0
     target_tokens: int = 0
+    shape_checked: int = 0  # examples in a format with the rstar2-paper shape (target_shape.py), of which:
+    in_shape_as_written: int = 0  # every assistant turn had the full shape as written
+    in_shape: int = 0  # ... as trained
 
     def add(self, other: DataStats) -> None:
         for f in fields(self):
@@ -77,11 +86,15 @@ def read_jsonl(path: str | Path, on_bad_line: str = "skip", stats: DataStats | N
             yield record
 
 
-def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
+def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Example:
     """Token ids of the whole conversation and the assistant-token mask, from the chat template's text: each
-    assistant message spans from after its header to its end-of-turn token, found by rendering prefixes. In the
-    rstar2-paper profile every assistant turn opens with the generation prompt's `<reason>` (prompt, not target: the
-    model is always started there), added where a conversation's turn lacks it."""
+    assistant message spans from after its header to its end-of-turn token, found by rendering prefixes. Each
+    prompt run and each target run is tokenized on its own, as the agent loop sees them (the prompt's ids, then what
+    the model generates): a BPE merge across the boundary (`<reason>` then `</reason>` may merge `></`) would
+    otherwise train on ids the model never writes after that prompt. In the rstar2-paper profile every assistant
+    turn opens with the generation prompt's `<reason>` (prompt, not target: the model is always started there),
+    added where a conversation's turn lacks it, and with `shape` "format" turns without the paper's shape are
+    converted to it (target_shape.py)."""
     if fmt.release:
         raise DataError("SFT in the rstar2-release format is not supported: the release's template prefixes every "
                         "assistant turn without tool calls with the problem instruction, so assistant turns do not "
@@ -91,6 +104,9 @@ def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
         raise DataError("SFT in the template format is not supported (the model's own template decides how calls "
                         "and results look); train with format: rstar2-paper or hermes")
     messages = fmt.messages_for(for_format(fmt, _with_python_tool(fmt, record["messages"])), record.get("tools"))
+    written = in_shape(messages) if fmt.fixed else None
+    if fmt.fixed and shape == "format":
+        messages = to_shape(messages)
     if fmt.fixed:
         opener = GENERATION_PROMPT.split("\n", 1)[1]
         messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
@@ -112,9 +128,15 @@ def render(fmt: ChatFormat, record: dict[str, Any]) -> Example:
         if full.startswith(fmt.eos_text, end):
             end += len(fmt.eos_text)  # learn to end the turn
         spans.append((start, end))
-    enc = fmt.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
-    return Example(list(enc["input_ids"]), mask)
+    ids, mask, at = [], [], 0
+    for start, end in [*spans, (len(full), len(full))]:  # each prompt run and each target run tokenized alone
+        for piece, label in ((full[at:start], 0), (full[start:end], 1)):
+            if piece:
+                piece_ids = fmt.tokenizer(piece, add_special_tokens=False)["input_ids"]
+                ids += piece_ids
+                mask += [label] * len(piece_ids)
+        at = end
+    return Example(ids, mask, written, in_shape(messages) if fmt.fixed else None)
 
 
 def _with_python_tool(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,22 +150,27 @@ def _with_python_tool(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[d
 
 
 def load_examples(fmt: ChatFormat, records: list[dict[str, Any]], max_len: int, overlong: str = "drop",
-                  stats: DataStats | None = None) -> list[Example]:
+                  stats: DataStats | None = None, shape: str = "format") -> list[Example]:
     """Render every record; one longer than max_len is dropped or truncated (counted either way)."""
+    check_target_shape(shape)
     stats = stats or DataStats()
     out = []
     for record in records:
-        ex = render(fmt, record)
+        ex = render(fmt, record, shape)
         if len(ex.ids) > max_len:
             if overlong == "drop":
                 stats.dropped_long += 1
                 continue
             stats.truncated += 1
-            ex = Example(ex.ids[:max_len], ex.mask[:max_len])
+            ex = Example(ex.ids[:max_len], ex.mask[:max_len], ex.shaped_as_written, ex.shaped)
         if not any(ex.mask):
             continue
         out.append(ex)
         stats.examples += 1
+        if ex.shaped is not None:
+            stats.shape_checked += 1
+            stats.in_shape_as_written += bool(ex.shaped_as_written)
+            stats.in_shape += ex.shaped
         stats.tokens += len(ex.ids)
         stats.target_tokens += sum(ex.mask)
     return out

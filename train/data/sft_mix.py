@@ -20,15 +20,15 @@ from .converters import Record, load_records
 
 log = logging.getLogger(__name__)
 
-# The paper's SFT mix (section 4.1): 117K function-calling rows of ToolACE, APIGen-MT-5K and Glaive v2, 48K
-# Magicoder rows as Python tool calls, 30K Tulu 3 instruction following, 27K Llama-Nemotron chat. The split of
-# the 117K is not in what we could read of the paper; our assumption: ToolACE (11.3K rows) and APIGen-MT-5K (5K)
-# whole, Glaive v2 (113K) the rest. Magicoder: Evol-Instruct-110K, as OSS-Instruct-75K has 38K Python rows, fewer
-# than 48K. Tulu 3 instruction following: its persona IF set (29,980 rows; the mixture holds the same rows).
+# The paper's SFT mix (section 4.1): 117K function-calling rows, which it names "ToolACE11K, APIGen-MT-5K,
+# Glaive-function-calling-v2-101k", 48K Magicoder rows as Python tool calls, 30K Tulu 3 instruction following, 27K
+# Llama-Nemotron chat. ToolACE has 11.3K rows; 11K of them are sampled, as the paper's name for it says. Magicoder:
+# Evol-Instruct-110K, as OSS-Instruct-75K has 38K Python rows, fewer than 48K. Tulu 3 instruction following: its
+# persona IF set (29,980 rows; the mixture holds the same rows).
 PAPER_MIX = (
-    "hub:Team-ACE/ToolACE@11300",
+    "hub:Team-ACE/ToolACE@11000",
     "hub:Salesforce/APIGen-MT-5k@5000",
-    "hub:glaiveai/glaive-function-calling-v2@100700",
+    "hub:glaiveai/glaive-function-calling-v2@101000",
     "hub:ise-uiuc/Magicoder-Evol-Instruct-110K@48000",
     "hub:allenai/tulu-3-sft-personas-instruction-following@30000",
     "hub:nvidia/Llama-Nemotron-Post-Training-Dataset:chat@27000",
@@ -53,7 +53,7 @@ class Part:
         return {"source": self.source, "rows": len(self.records), "requested": self.requested,
                 "available": self.available, "bad_rows": len(s.bad_lines), "filtered": s.filtered,
                 "examples": s.examples, "dropped_long": s.dropped_long, "tokens": s.tokens,
-                "target_tokens": s.target_tokens}
+                "target_tokens": s.target_tokens, **shape_shares(s)}
 
 
 def expand(sources: list[str] | tuple[str, ...]) -> list[str]:
@@ -97,16 +97,28 @@ def load_mix(sources: list[str] | tuple[str, ...], seed: int = 0, on_bad_line: s
     return parts
 
 
-def render_parts(fmt: ChatFormat, parts: list[Part], max_len: int, overlong: str = "drop") -> list[Example]:
-    """Every part's records rendered as training renders them (in order); each part's stats count its examples and
-    tokens."""
-    return [ex for p in parts for ex in load_examples(fmt, p.records, max_len, overlong, p.stats)]
+def render_parts(fmt: ChatFormat, parts: list[Part], max_len: int, overlong: str = "drop", shape: str = "format"
+                 ) -> list[Example]:
+    """Every part's records rendered as training renders them (in order, targets shaped as `shape` says:
+    target_shape.py); each part's stats count its examples, tokens and targets in shape."""
+    return [ex for p in parts for ex in load_examples(fmt, p.records, max_len, overlong, p.stats, shape)]
+
+
+def shape_shares(s: DataStats) -> dict[str, float | None]:
+    """The shares of examples whose every assistant turn has the rstar2-paper shape (target_shape.py), as written and
+    as trained; None in a format without that shape."""
+    n = s.shape_checked
+    return {"in_shape_as_written": s.in_shape_as_written / n if n else None, "in_shape": s.in_shape / n if n else None}
 
 
 def report(parts: list[Part]) -> dict[str, Any]:
     rows = [p.report() for p in parts]
-    total = {k: sum(r[k] or 0 for r in rows) for k in rows[0] if k != "source"} if rows else {}
-    return {"sources": rows, "total": total}
+    shares = ("in_shape_as_written", "in_shape")
+    total = {k: sum(r[k] or 0 for r in rows) for k in rows[0] if k not in ("source", *shares)} if rows else {}
+    whole = DataStats()
+    for p in parts:
+        whole.add(p.stats)
+    return {"sources": rows, "total": {**total, **shape_shares(whole)}}
 
 
 def write_mix(sources: list[str] | tuple[str, ...], out: str, *, seed: int = 0, hub_dir: str | None = None,
