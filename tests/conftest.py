@@ -184,12 +184,15 @@ def until_sync(condition, what, timeout: float = 20.0, every: float = 0.02) -> N
 
 def tiny(tmp_path, **kw) -> RLConfig:
     """A small RL run of SmolLM2 writing under `tmp_path`: 2 steps of 2 prompts x 2 rollouts, 48 response tokens,
-    2 turns, markdown format; `kw`: RLConfig fields to change."""
+    2 turns, markdown format; `kw`: RLConfig fields to change. The base SmolLM2 and the tiny random model write no
+    answer the reward reads, so the start check is off (tests/test_start_check.py has its own)."""
     from rstar2_agent.train.rl import RLConfig, Stage
+    from rstar2_agent.train.start_check import StartCheck
 
     base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                 prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
-                out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown")
+                out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown",
+                start_check=StartCheck(min_answer_share=0.0))
     return RLConfig(**{**base, **kw})
 
 

@@ -172,7 +172,8 @@ def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(
             "--summary", str(tmp_path / "docs" / "summary.json"), "--png", str(tmp_path / "docs" / "curves.png"),
             f"model={model}", "stages=[{steps: 1, max_response_tokens: 32, max_turns: 2, data: tooltasks, "
             "data_size: 8}]", "prompts_per_step=1", "group_size=2", "roc_min_positive=1", "roc_min_negative=1",
-            f"db={tmp_path / 's.db'}", "micro_batch=4", "rollout_engine=hf"]
+            f"db={tmp_path / 's.db'}", "micro_batch=4", "rollout_engine=hf",
+            "start_check.min_answer_share=0"]  # the random model writes no answer the reward reads
     # 1. the SFT start probed first; then killed in RoC's second step (its first is checkpointed)
     first = _ablation(args, pause="recorded:2")
     assert "probe start: ran" in first and "roc seed 0: step 1/2" in first

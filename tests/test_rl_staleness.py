@@ -13,6 +13,7 @@ import pytest
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl
 from rstar2_agent.train.staleness import VersionGate, lag_metrics
+from rstar2_agent.train.start_check import StartCheck
 
 from conftest import count_prompt, until
 
@@ -95,7 +96,8 @@ async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, v
     cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=3, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
                    out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown", dtype="fp32",
-                   rollout_engine="vllm", max_staleness=1, save_every=1)
+                   rollout_engine="vllm", max_staleness=1, save_every=1,
+                   start_check=StartCheck(min_answer_share=0.0))  # the base model writes no answer block
     try:
         _, history = await run_rl(cfg, engine=vllm_engine)
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rstar2_agent.chat_format import default_extraction
 from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
 from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl, stage_of
@@ -87,6 +88,8 @@ def test_run_rl_stores_checkpoints_and_resumes_the_same_step(tmp_path, tiny_smol
     cfg = tiny(tmp_path, model=tiny_smollm2, save_every=1, dtype="fp32")
     final, history = asyncio.run(run_rl(cfg))
     assert len(history) == 2 and final.name == "checkpoint-2" and (final.parent / "last").resolve() == final
+    meta = json.loads((final / "rstar2.json").read_text())  # what eval reads back: the format and the reward's reading
+    assert meta["format"] == "markdown" and meta["answer_extraction"] == default_extraction("markdown")
     assert {"accuracy", "response_tokens", "tool_error_ratio_positive", "time_rollout", "roc_dropped_groups",
             "grad_norm"} <= set(history[0])
     from rstar2_agent.store import Store

@@ -42,6 +42,7 @@ from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .run_frame import RunFrame, resume_from, save_checkpoint
 from .staleness import lag_metrics
+from .start_check import StartCheck, check_start, start_figures
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class RLConfig:
     seeded_rollouts: bool = True
     eps_low: float = 0.2
     eps_high: float = 0.28
+    # optimizer steps per RL step: the kept rollouts cut in order into this many PPO mini-batches, each one step against
+    # the same pre-update old logprobs. 1 (the release: train_batch_size = ppo_mini_batch_size) makes the ratio 1 and
+    # the clip inert; the paper gives no mini-batch size. The lr schedule counts RL steps either way
+    ppo_mini_batches: int = 1
     # the PPO ratio is against the learner's own logprobs of the rollouts (learner/update.py); `tis` also weights each
     # token by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
     # correction, rollout_is_threshold 2.0); off as in the release. Logprobs of both are at `temperature`: with
@@ -116,6 +121,9 @@ class RLConfig:
     dtype: str = "auto"
     format: str = "hermes"
     answer_extraction: str = ""  # how the reward reads the answer (chat_format.EXTRACTIONS); "": the format's (paper)
+    # the SFT -> RL hand-off, on step 0's rollouts before the first update (start_check.py): a policy whose answers
+    # the reward cannot read stops the run with what to fix; 0 turns a threshold off
+    start_check: StartCheck = field(default_factory=StartCheck)
     seed: int = 0
     out: str = "runs/rl"
     save_every: int = 0  # steps; stage ends always save
@@ -164,7 +172,8 @@ def update_config(cfg: RLConfig, pad_id: int) -> UpdateConfig:
         correction = "tis" if cfg.max_staleness else "none"
     return UpdateConfig(micro_batch=cfg.micro_batch, temperature=cfg.temperature, eps_low=cfg.eps_low,
                         eps_high=cfg.eps_high, rollout_correction=correction, tis_cap=cfg.tis_cap, pad_id=pad_id,
-                        micro_batch_tokens=cfg.micro_batch_tokens, logprob_chunk_tokens=cfg.logprob_chunk_tokens)
+                        micro_batch_tokens=cfg.micro_batch_tokens, logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+                        ppo_mini_batches=cfg.ppo_mini_batches)
 
 
 def check_micro_batch_tokens(cfg: RLConfig) -> None:
@@ -266,6 +275,16 @@ class RLRun:
         kept = [g for g in groups if len({r for _, r in g}) > 1]
         return kept, {"roc_dropped_groups": len(groups) - len(kept)}, stats
 
+    def check_start(self, batch: Batch) -> dict[str, float]:
+        """The hand-off check on the first step's rollouts (start_check.py); its figures, for the step's metrics."""
+        extraction = self.rollouts.grader.extraction
+        figures = start_figures(batch, extraction)
+        log.info("start check: %.1f%% of %d rollouts with a readable answer, %.1f%% of %d groups with signal",
+                 100 * figures["start_answer_share"], figures["start_rollouts"], 100 * figures["start_signal_share"],
+                 figures["start_groups"])
+        check_start(self.cfg.start_check, figures, self.cfg.model, self.cfg.format, extraction)
+        return figures
+
     async def learn(self, batch: Batch, store: Store | None, run_id: int | None) -> dict[str, float]:
         """RoC on the batch's groups, the update (in a thread: the rollouts of later steps go on meanwhile), the
         push of the new weights through the gate, the step's metrics, and its rollouts to the store. Groups with a
@@ -304,7 +323,8 @@ class RLRun:
 
     def save(self, step: int, stage_index: int) -> Path:
         return save_checkpoint(self.learner, self.cfg, "rl", step, self.resolved.spec.context_length,
-                               {"stage": stage_index, "pool": self.rollouts.pool_ids})
+                               {"stage": stage_index, "pool": self.rollouts.pool_ids},
+                               answer_extraction=self.rollouts.grader.extraction)
 
     async def close(self) -> None:
         """Idempotent: stops the rollouts (grader, sandbox, the engine unless the caller's) and the learner."""
@@ -367,7 +387,8 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
                     run.launch(pending, step, pool)
                     batch = await pending.pop(step)
                     waited = time.perf_counter() - t0
-                    metrics = await run.learn(batch, frame.store, frame.run_id)
+                    start = run.check_start(batch) if step == 0 else {}
+                    metrics = await run.learn(batch, frame.store, frame.run_id) | start
                     if within + 1 < stage.steps:
                         run.launch(pending, step + 1, pool)  # at once: the next batches need only this push
                     metrics |= {"stage": index, "learner_wait_s": waited, "step_time": time.perf_counter() - t0}

@@ -42,11 +42,12 @@ def link_last(checkpoint: Path) -> None:
 
 
 def save_checkpoint(learner: Any, cfg: Any, stage: str, step: int, context_length: int,
-                    extra: dict[str, Any] | None = None) -> Path:
+                    extra: dict[str, Any] | None = None, answer_extraction: str = "") -> Path:
     """`out/checkpoint-STEP` (an HF folder, the trainer state and `extra`), with the meta `rstar2` reads back (the
-    format the model was trained with, its context, where it came from), then `out/last` points at it."""
+    format the model was trained with, how RL's reward read its answers, its context, where it came from), then
+    `out/last` points at it."""
     meta = {"format": cfg.format, "context_length": context_length, "stage": stage, "trained_from": cfg.model,
-            "step": step}
+            "step": step, **({"answer_extraction": answer_extraction} if answer_extraction else {})}
     path = learner.save(Path(cfg.out) / f"checkpoint-{step}", extra or {}, meta)
     if getattr(learner, "rank", 0) == 0:  # under torchrun every rank saves; one of them moves the link
         link_last(path)

@@ -7,7 +7,7 @@ import threading
 from rstar2_agent.engines.base import Engine
 
 from .model import TorchLearner
-from .update import UpdateConfig, UpdateItem, policy_update
+from .update import UpdateConfig, UpdateItem, mini_shards, ppo_update
 
 
 class LocalLearner(TorchLearner):
@@ -15,8 +15,8 @@ class LocalLearner(TorchLearner):
                stop: threading.Event | None = None) -> dict[str, float]:
         """The PPO pass over `items` and one optimizer step; the step's metrics. `stop` set: `UpdateStopped` before
         the next micro-batch, and no optimizer step."""
-        metrics = policy_update(self, items, cfg, total_tokens, stop=stop)
-        return {**metrics, **self.optimizer_step(), "update_tokens": total_tokens}
+        (minis,), totals, _ = mini_shards(items, 1, cfg)
+        return {**ppo_update(self, minis, cfg, totals, stop=stop), "update_tokens": total_tokens}
 
     def shares_weights(self, engine: Engine) -> bool:
         """The hf engine built on this learner's own model needs no push: an update is live at once."""
@@ -26,6 +26,3 @@ class LocalLearner(TorchLearner):
         """The current weights into `engine` (vLLM in this process loads the state dict; a shared model: nothing)."""
         if not self.shares_weights(engine):
             await engine.load_weights(self.full_state_dict())
-
-    def close(self) -> None:
-        """Nothing to stop: the model goes with the process."""

@@ -153,6 +153,16 @@ class TorchLearner:
         learner.head = install_head(model)
         return learner
 
+    def close(self) -> None:
+        """Over several ranks: wait for every rank to finish (under the checkpoint timeout, on its gloo group), then
+        end the process groups while the interpreter is whole. A rank that exits with a group alive can abort in
+        gloo's threads during interpreter teardown (SIGABRT, "terminate called without an active exception"), and
+        one that ends its group while another still works in it can fail that rank. One process: nothing to do."""
+        if self.world == 1 or not torch.distributed.is_initialized():
+            return
+        torch.distributed.barrier(group=self.io_group)
+        torch.distributed.destroy_process_group()
+
     def _new_optimizer(self) -> torch.optim.Optimizer:
         c = self.optim_cfg
         opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
@@ -193,12 +203,16 @@ class TorchLearner:
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                                  ignore_index=-100, reduction="sum") / max(1, denominator)
 
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, advance: bool = True) -> dict[str, float]:
+        """Clip, step, zero the gradients; with `advance` (an RL step's last mini-batch, or any SFT step) also the
+        schedule and `step`."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not advance:
+            return {"grad_norm": float(grad_norm), "lr": float(lr)}
+        self.scheduler.step()
         self.step += 1
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
 

@@ -18,7 +18,8 @@ class Learner(Protocol):
 
     def update(self, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
-        """One policy update on the kept rollouts (the old-logprob pass, the loss, one optimizer step); its metrics.
+        """One policy update on the kept rollouts (the old-logprob pass, then the loss and an optimizer step per PPO
+        mini-batch, `cfg.ppo_mini_batches`); its metrics.
         `stop` set: raise `UpdateStopped` before the next micro-batch and take no optimizer step."""
 
     async def push(self, engine: Engine) -> None:

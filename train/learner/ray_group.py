@@ -158,11 +158,11 @@ class LearnerActor:
                                     gradient_checkpointing=gradient_checkpointing)
         return str(self.learner.device)
 
-    def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int, batches: int) -> dict[str, float]:
-        from .update import policy_update
+    def update(self, minis: list[list[Any]], cfg: UpdateConfig, totals: list[int], batches: list[int]
+               ) -> dict[str, float]:
+        from .update import ppo_update
 
-        metrics = policy_update(self.learner, items, cfg, total_tokens, batches=batches, scale=self.world)
-        return {**metrics, **self.learner.optimizer_step()}
+        return ppo_update(self.learner, minis, cfg, totals, batches=batches, scale=self.world)
 
     def weights(self, dtype: str | None) -> list[Any]:
         """Every rank gathers; rank 0 puts the full state dict into the object store and returns [its ref]."""
@@ -338,22 +338,23 @@ class LearnerGroup:
 
     def update(self, items: list[Any], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
-        """Each rank takes its share (update.py `shards`: items r, r + world, ..., or balanced by tokens under a token
-        budget); the per-rank metrics are token-weighted shares, so they add. `stop` set: `UpdateStopped` at once
-        (the ranks go on until close() kills them)."""
+        """Each rank takes its share of each PPO mini-batch (update.py `mini_shards`, then `shards`: items r, r +
+        world, ..., or balanced by tokens under a token budget); the per-rank metrics are token-weighted shares, so
+        they add. `stop` set: `UpdateStopped` at once (the ranks go on until close() kills them)."""
         import ray
 
-        from .update import check_stop, shards
+        from .update import check_stop, mini_shards
 
-        parts, batches = shards(items, len(self.actors), cfg.micro_batch, cfg.micro_batch_tokens)
-        refs = [a.update.remote(s, cfg, total_tokens, batches) for a, s in zip(self.actors, parts, strict=True)]
+        parts, totals, batches = mini_shards(items, len(self.actors), cfg)
+        refs = [a.update.remote(s, cfg, totals, batches) for a, s in zip(self.actors, parts, strict=True)]
         while stop is not None and ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
             check_stop(stop)  # the ranks' update is abandoned: close() kills them without waiting for it
         parts = ray.get(refs)
         self.step += 1
-        shares = {k for p in parts for k in p} - {"grad_norm", "lr"}  # token-weighted shares: they add over ranks
+        same = ("grad_norm", "lr", "ppo_mini_batches")  # one value for all ranks; the rest are token-weighted shares
+        shares = {k for p in parts for k in p} - set(same)
         summed = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(shares)}
-        return {**summed, "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"], "update_tokens": total_tokens}
+        return {**summed, **{k: parts[0][k] for k in same}, "update_tokens": total_tokens}
 
     def weights(self) -> Any:
         """A Ray object reference to the full state dict (bf16 for vLLM rollout workers)."""

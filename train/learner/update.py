@@ -6,11 +6,13 @@ Before the first gradient, a no-grad forward pass of the pre-update policy gives
 rollouts (verl's `compute_log_prob`, which the release runs after down-sampling), and the PPO ratio is taken
 against them, not against the rollout engine's: vLLM in bf16 and an fp32 (or FSDP) learner give the same
 token different logprobs, and a ratio against the engine's would fire the clip on that mismatch alone. With one
-optimizer step per RL step (one PPO epoch, one mini-batch: ours, and the release's with train_batch_size =
+optimizer step per RL step (one PPO epoch, one mini-batch: the default, and the release's with train_batch_size =
 ppo_mini_batch_size = 128) the weights do not move between that pass and the update's forwards, so the ratio is 1
 on every token and the clip never fires: the update is the plain token-level policy gradient of the learner's
-policy. The engine's logprobs measure the gap per step, and with `rollout_correction: tis` weight each token by
-min(pi_learner / pi_engine, tis_cap), the correction for having sampled from the engine.
+policy. `ppo_mini_batches` > 1 cuts the step into that many optimizer steps against the same old logprobs
+(`ppo_update`), and from the second on the ratio and the clip act. The engine's logprobs measure the gap per
+step, and with `rollout_correction: tis` weight each token by min(pi_learner / pi_engine, tis_cap), the
+correction for having sampled from the engine.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class UpdateConfig:
     pad_id: int = 0
     micro_batch_tokens: int = 0
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    ppo_mini_batches: int = 1
 
     def __post_init__(self) -> None:
         if self.rollout_correction not in ("none", "tis"):
@@ -63,6 +66,9 @@ class UpdateConfig:
                              f"{self.rollout_correction!r}")
         if self.micro_batch < 1:
             raise ValueError(f"micro_batch must be at least 1, not {self.micro_batch!r}")
+        if not isinstance(self.ppo_mini_batches, int) or self.ppo_mini_batches < 1:
+            raise ValueError(f"ppo_mini_batches must be a whole number, at least 1 (1: one optimizer step per RL step, "
+                             f"as the release), not {self.ppo_mini_batches!r}")
         for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -98,6 +104,59 @@ def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateCon
     `UpdateStopped` before the next micro-batch (see `check_stop`)."""
     parts = micro_batches(items, cfg.micro_batch, cfg.pad_id, batches, tokens=cfg.micro_batch_tokens)
     old = old_logprobs(learner, parts, cfg.temperature, stop, chunk=cfg.logprob_chunk_tokens)
+    return _loss_backward(learner, parts, old, cfg, total_tokens, scale, stop)
+
+
+def ppo_update(learner: TorchLearner, minis: list[list[UpdateItem]], cfg: UpdateConfig, totals: list[int], *,
+               batches: list[int] | None = None, scale: float = 1.0, stop: threading.Event | None = None
+               ) -> dict[str, float]:
+    """One RL step's update as PPO mini-batches (`mini_shards`): the old logprobs of every mini-batch first, under
+    the pre-update policy, then each mini-batch's loss (over its own `totals[i]` response tokens, across ranks) and
+    an optimizer step. With one mini-batch this is `policy_update` and one step. The schedule and `learner.step`
+    advance once per RL step (verl steps its lr scheduler once per update too), so warm-up counts RL steps whatever
+    the mini-batch count. Metrics: the mini-batches' token-weighted, grad_norm their mean, lr the step's."""
+    batches = batches or [0] * len(minis)
+    parts = [micro_batches(m, cfg.micro_batch, cfg.pad_id, b, tokens=cfg.micro_batch_tokens)
+             for m, b in zip(minis, batches, strict=True)]
+    olds = [old_logprobs(learner, p, cfg.temperature, stop, chunk=cfg.logprob_chunk_tokens) for p in parts]
+    whole = max(1, sum(totals))
+    out: dict[str, float] = {}
+    norms = []
+    for k, (part, old, total) in enumerate(zip(parts, olds, totals, strict=True)):
+        metrics = _loss_backward(learner, part, old, cfg, total, scale, stop)
+        check_stop(stop)
+        step = learner.optimizer_step(advance=k == len(parts) - 1)
+        norms.append(step["grad_norm"])
+        out.setdefault("lr", step["lr"])
+        for key, v in metrics.items():
+            out[key] = out.get(key, 0.0) + v * total / whole
+    return {**out, "grad_norm": sum(norms) / len(norms), "ppo_mini_batches": float(len(parts))}
+
+
+def mini_shards(items: list[UpdateItem], world: int, cfg: UpdateConfig
+                ) -> tuple[list[list[list[UpdateItem]]], list[int], list[int]]:
+    """The step's items as `cfg.ppo_mini_batches` mini-batches in order (the release's and verl's split), each
+    sharded over `world` ranks (`shards`): per rank its list of mini-batch shares, each mini-batch's response tokens
+    over all ranks (its loss's denominator), and the micro-batches every rank runs in it. Empty mini-batches
+    (fewer items than mini-batches) are left out; with no items at all there is one, empty, so the step (no
+    gradient) still advances the schedule."""
+    n, k = len(items), cfg.ppo_mini_batches
+    minis = [m for m in (items[i * n // k:(i + 1) * n // k] for i in range(k)) if m] or [[]]  # none: one empty step
+    per_rank: list[list[list[UpdateItem]]] = [[] for _ in range(world)]
+    totals, batches = [], []
+    for mini in minis:
+        parts, b = shards(mini, world, cfg.micro_batch, cfg.micro_batch_tokens)
+        for r in range(world):
+            per_rank[r].append(parts[r])
+        totals.append(sum(sum(i.response_mask) for i in mini))
+        batches.append(b)
+    return per_rank, totals, batches
+
+
+def _loss_backward(learner: TorchLearner, parts: list[dict[str, torch.Tensor]], old: list[torch.Tensor],
+                   cfg: UpdateConfig, total_tokens: int, scale: float, stop: threading.Event | None
+                   ) -> dict[str, float]:
+    """Forward and backward of the PPO-clip loss over prepared micro-batches against their old logprobs."""
     learner.model.train()
     denominator = max(1, total_tokens)
     metrics: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
