@@ -355,7 +355,7 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
 def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
     """RL problems as the paper curated them: integer answers, no duplicates, no overlap with evaluation sets.
 
-    SOURCES, read in order: hub:ID[:CONFIG[:SPLIT]] (open-r1/DAPO-Math-17k-Processed:en, nvidia/OpenMathReasoning,
+    SOURCES, read in order: hub:ID[:CONFIG[:SPLIT]] (open-r1/DAPO-Math-17k-Processed:all, nvidia/OpenMathReasoning,
     alexandonian/project-euler), or a local copy in the source's own schema, JSONL or Parquet files or a folder of
     them: dapo:PATH (prompt, reward_model.ground_truth), omr:PATH (problem, expected_answer, problem_type,
     problem_source), euler:PATH (problem, numerical_answer), problems:PATH (this command's output). Then run
@@ -376,38 +376,52 @@ def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
                    f"{benchmarks or 'no benchmark'})")
 
 
+def _verify_options(f):
+    """The verifier's options, shared by problems-verify and problems-paper."""
+    for option in reversed([
+        click.option("--url", required=True, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve)."),
+        click.option("--served-model", default=None, help="The model name on that server (default: its first)."),
+        click.option("--api-key", envvar="RSTAR2_API_KEY", default=None),
+        click.option("--samples", type=click.IntRange(1), default=16, show_default=True, help="Answers per problem."),
+        click.option("--min-agree", type=click.IntRange(1), default=2, show_default=True,
+                     help="Keep a problem when at least this many answers reach its label."),
+        click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True,
+                     help="Problems in flight."),
+        click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True),
+        click.option("--max-tokens", type=click.IntRange(1), default=None, help="Per answer (default: the server's)."),
+        click.option("--timeout", type=click.FloatRange(1), default=1800.0, show_default=True,
+                     help="Seconds one request (all its samples) may take."),
+    ]):
+        f = option(f)
+    return f
+
+
+def _verify_config(o: dict):
+    from .data.problems_verify import VerifyConfig
+
+    return VerifyConfig(o["url"], o["served_model"], o["samples"], o["min_agree"], o["concurrency"],
+                        o["temperature"], o["top_p"], o["max_tokens"], o["timeout"], o["api_key"])
+
+
 @train_group.command("problems-verify")
 @click.argument("problems", type=click.Path(dir_okay=False, exists=True))
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="Write the kept problems here; progress goes to OUT.progress.jsonl (a rerun resumes from it).")
-@click.option("--url", required=True, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
-@click.option("--served-model", default=None, help="The model name on that server (default: its first).")
-@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
-@click.option("--samples", type=click.IntRange(1), default=16, show_default=True, help="Answers per problem.")
-@click.option("--min-agree", type=click.IntRange(1), default=2, show_default=True,
-              help="Keep a problem when at least this many answers reach its label.")
-@click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True, help="Problems in flight.")
-@click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Per answer (default: the server's).")
-@click.option("--timeout", type=click.FloatRange(1), default=1800.0, show_default=True,
-              help="Seconds one request (all its samples) may take.")
-def problems_verify_cmd(problems, out, url, served_model, api_key, samples, min_agree, concurrency, temperature,
-                        top_p, max_tokens, timeout) -> None:
+@_verify_options
+def problems_verify_cmd(problems, out, **o) -> None:
     """Keep the PROBLEMS (a `rstar2 train problems` file) whose answer a strong model reproduces at least
     --min-agree times in --samples tries: the paper's filter on OpenMathReasoning (Qwen3-32B, 2 of 16)."""
     import asyncio
 
     from rstar2_agent.benchmark_data import DataError
 
-    from .data.problems_verify import VerifyConfig, verify
+    from .data.problems_verify import verify
 
-    cfg = VerifyConfig(url, served_model, samples, min_agree, concurrency, temperature, top_p, max_tokens, timeout,
-                       api_key)
     bar, on_step = _progress("verify", lambda m: "")
     try:
         with bar:
-            counts = asyncio.run(verify(problems, out, cfg, lambda i, n: on_step(i, n, {})))
+            counts = asyncio.run(verify(problems, out, _verify_config(o), lambda i, n: on_step(i, n, {})))
     except DataError as e:
         raise click.ClickException(str(e)) from e
     if counts.failed:
@@ -416,6 +430,47 @@ def problems_verify_cmd(problems, out, url, served_model, api_key, samples, min_
                                    f"in {out}.progress.jsonl")
     click.echo(f"{counts.kept} of {counts.read} problems kept -> {out} ({counts.asked} asked now, "
                f"{counts.done_before} recorded before)")
+
+
+@train_group.command("problems-paper")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="A folder for every step's file; rl-problems.jsonl there is the result (a rerun resumes).")
+@click.option("--data-dir", envvar="RSTAR2_DATA_DIR", default=None, type=click.Path(file_okay=False),
+              help="The benchmark mirrors to decontaminate against, as for `rstar2 eval` (else the hub).")
+@click.option("--dapo", default=None, help="The DAPO source (default: open-r1's `all` config, the paper's 17K; "
+              "`hub:open-r1/DAPO-Math-17k-Processed:en` keeps only those without Chinese text).")
+@click.option("--aops", default=None, help="The OpenMathReasoning source (default: the hub's; omr:PATH a copy).")
+@click.option("--euler", default=None, help="The Project Euler source (default: the hub's; euler:PATH a copy).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the steps and their counts, as JSON.")
+@_verify_options
+def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> None:
+    """The paper's 42K RL problems in one command, step by step (train/data/paper_problems.py): the AoPS problems
+    of OpenMathReasoning, those a strong model at --url reproduces (the paper: Qwen3-32B, 2 of 16), then DAPO,
+    those and Project Euler merged, deduplicated and decontaminated. Each finished step is recorded in --out, so
+    a rerun (after a kill, a server that went away) goes on from the step it stopped in."""
+    import asyncio
+
+    from rstar2_agent.benchmark_data import DataError
+
+    from .data.paper_problems import PaperSources, build_paper_problems
+
+    defaults = PaperSources()
+    sources = PaperSources(dapo or defaults.dapo, aops or defaults.aops, euler or defaults.euler)
+    bar, on_problem = _progress("verify", lambda m: "")
+    try:
+        with bar:
+            result = asyncio.run(build_paper_problems(
+                out_dir, _verify_config(o), data_dir, sources, on_step=lambda s: log.info("problems-paper: %s", s),
+                on_problem=lambda i, n: on_problem(i, n, {})))
+    except DataError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(result.as_json()))
+        return
+    for step in result.steps:
+        when = "recorded before" if step.done_before else "now"
+        click.echo(f"{step.step} ({when}): {step.counts.get('kept')} of {step.counts.get('read')} -> {step.out}")
+    click.echo(f"RL problems: {result.out} (an RL stage's data: {result.out})")
 
 
 def _recipe(cls, recipe: str, overrides: tuple[str, ...]):
