@@ -51,10 +51,13 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300) -> Iterator[str]:
+def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300,
+            log: str | Path | None = None) -> Iterator[str]:
     """A server process, up and answering /health, ended with everything under it on the way out (on an error,
-    SIGTERM or SIGINT too; and, through a FateShare, if this process is killed)."""
-    log_file = tempfile.TemporaryFile()  # never an unread pipe: a server blocked writing its log would stall
+    SIGTERM or SIGINT too; and, through a FateShare, if this process is killed). Its log goes to `log` when given
+    (kept, for a server that fails later in the run), else to a temporary file read only if it fails to start."""
+    # never an unread pipe: a server blocked writing its log would stall
+    log_file = open(log, "w+b") if log else tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally)
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=log_file, start_new_session=True)
     fate = FateShare([proc.pid])

@@ -93,8 +93,7 @@ def _rank(rank: int, world: int, port: int, job: str, model: str, folder: str, o
         state = _full(learner)
         if rank == 0:
             torch.save(state, out)
-    if world > 1:
-        torch.distributed.destroy_process_group()
+    learner.close()
 
 
 def _run(world: int, job: str, model: str, folder: Path, out: Path, **opts) -> dict:

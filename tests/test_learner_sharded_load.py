@@ -33,7 +33,7 @@ state = learner.full_state_dict()
 if rank == 0:
     json.dump({"logits": logits[0, -1].tolist(), "names": sorted(state),
                "sums": {k: float(v.double().sum()) for k, v in state.items()}}, open(sys.argv[2], "w"))
-torch.distributed.destroy_process_group()
+learner.close()
 """
 
 

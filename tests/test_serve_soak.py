@@ -1,4 +1,4 @@
-"""Soak: `rstar2 serve` on the real in-process vLLM engine under 134 requests at concurrency 1 to 64,
+"""Soak: `rstar2 serve` on the real in-process vLLM engine under 89 requests at concurrency 1 to 64,
 streamed and not, chat (with the server-side tool loop and with client tools) and completions, with a share of
 clients hanging up at random points. Every request whose client stayed gets its answer, nothing stays in flight,
 and vLLM's scheduler ends empty with its KV cache back at its idle level."""
@@ -15,7 +15,7 @@ import pytest
 from conftest import metrics_once_idle, serving
 
 pytestmark = pytest.mark.slow
-WAVES = [(1, 6), (16, 24), (64, 64), (4, 8), (32, 32)]  # (concurrency, requests): 134 in all
+WAVES = [(1, 3), (16, 16), (64, 64), (4, 6)]  # (concurrency, requests): 89 in all
 HANG_UP = 0.2
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
@@ -92,7 +92,7 @@ async def test_soak_mixed_traffic_with_hang_ups_leaves_nothing_behind(vllm_engin
             after = await kv_probe(c, url)
     failed = [o for o in outcomes if o not in ("ok", "hung up")]
     assert not failed, failed[:5]
-    assert len(outcomes) == sum(n for _, n in WAVES) and 10 < outcomes.count("hung up") < 50  # 20% of 134: 27
+    assert len(outcomes) == sum(n for _, n in WAVES) and 6 < outcomes.count("hung up") < 36  # 20% of 89: 18
     assert "rstar2_requests_in_flight 0.0" in metrics and "rstar2_requests_stalled_total 0.0" in metrics
     assert after["status"] == "ok" and after["progress"]["in_flight"] == 0
     engine = after["engine"]

@@ -145,3 +145,13 @@ def test_activation_estimate_against_measured_peak_memory_of_a_scaled_down_qwen3
         assert 0.85 <= r["ratio"] <= 1.15, r
     slopes = [s for s in report["slopes"] if not s["checkpointing"]]
     assert len(slopes) == 2 and all(0.85 <= s["ratio"] <= 1.15 for s in slopes), slopes
+
+
+def test_train_sft_refuses_a_gpu_recipe_that_cannot_fit_before_loading_any_data(monkeypatch):
+    """The 14B SFT recipe on 8 ranks of an MI300X's memory fits with checkpointing; without it the command stops
+    before it reads a row of the hub mix (nothing here could download it) or loads the model."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    r = CliRunner().invoke(train_group, ["sft", "--recipe", SFT_14B, f"gpu_memory_gib={MI300X_GIB}",
+                                         "gradient_checkpointing=false"])
+    assert r.exit_code == 1 and "does not fit" in r.output and "memory_check=false" in r.output, r.output
+    assert check_before_run(recipes.load(SFTConfig, SFT_14B, [f"gpu_memory_gib={MI300X_GIB}"]), "sft").fits

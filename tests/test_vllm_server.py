@@ -5,6 +5,7 @@ test_engines.py is closed before this server starts: an idle vLLM engine still t
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 
@@ -22,7 +23,7 @@ CONTEXT = 2048
 
 
 @pytest.fixture(scope="module")
-def vllm_server(sft_checkpoint):
+def vllm_server(sft_checkpoint, request, tmp_path_factory):
     """vLLM's own OpenAI server (a subprocess), serving the session's SFT checkpoint as "smol": the openai engine
     tests drive it, and it shows that our checkpoints load in vLLM. Module-scoped: an idle vLLM server still
     costs CPU, so it stops before the rest of the suite runs."""
@@ -30,8 +31,14 @@ def vllm_server(sft_checkpoint):
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(sft_checkpoint[0]),
             "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
             "--max-model-len", str(CONTEXT), "--enforce-eager"]  # stats on: /metrics reports the KV cache size
-    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240) as url:
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    failed = request.session.testsfailed
+    with running(argv, port, {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, timeout=240,
+                 log=log) as url:
         yield url
+    if request.session.testsfailed > failed:  # a test here failed: what the server said ("see stack trace above")
+        warnings.warn(f"vLLM's server log, its last 3000 characters:\n{log.read_text(errors='replace')[-3000:]}",
+                      stacklevel=1)
 
 
 async def test_an_sft_checkpoint_loads_in_vllms_server(sft_checkpoint, vllm_server):
