@@ -102,3 +102,28 @@ def test_the_backend_keeps_the_names_its_model_loaded_with_a_fake_broadcast(monk
         dtype_names=["bfloat16", "bfloat16"], shapes=[[4, 4], [4]]))
     assert engine.loaded == {"model.layers.0.self_attn.qkv_proj.weight"}
     assert "load_weights" not in vars(model) and model.load_weights.__func__ is Model.load_weights
+
+
+def test_the_engine_arguments_on_a_gpu_and_on_the_cpu_build_without_a_gpu(smol):
+    """What a GPU run hands vLLM, built here without one: vLLM's own server's step budget (8,192 tokens, not the
+    engine arguments' 2,048 fallback) and chunked prefill left on, the share of the device, the weight transfer; on
+    the CPU build a capped KV cache and every prefill in one step. vLLM's pinned AsyncEngineArgs takes both sets."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from rstar2_agent.engines.vllm import DEFAULT_GPU_SHARE, GPU_BATCHED_TOKENS, engine_args
+
+    gpu = engine_args(str(smol), on_gpu=True, context_length=12288)
+    assert gpu["max_num_batched_tokens"] == GPU_BATCHED_TOKENS == 8192 and "enable_chunked_prefill" not in gpu
+    assert gpu["gpu_memory_utilization"] == DEFAULT_GPU_SHARE and "kv_cache_memory_bytes" not in gpu
+    assert gpu["weight_transfer_config"] == {"backend": BACKEND} and gpu["enforce_eager"] is False
+    assert gpu["dtype"] == "auto"  # the model's own (bf16 for Qwen3)
+    mine = engine_args(str(smol), on_gpu=True, context_length=12288, max_num_batched_tokens=16384,
+                       gpu_memory_utilization=0.5, weight_transfer="fallback")
+    assert mine["max_num_batched_tokens"] == 16384 and mine["gpu_memory_utilization"] == 0.5
+    assert "weight_transfer_config" not in mine
+    cpu = engine_args(str(smol), on_gpu=False, context_length=4096, kv_cache_gib=1.5)
+    assert cpu["max_num_batched_tokens"] == 4096 and cpu["enable_chunked_prefill"] is False
+    assert cpu["kv_cache_memory_bytes"] == int(1.5 * 2**30) and cpu["dtype"] == "bfloat16"
+    assert "weight_transfer_config" not in cpu and "gpu_memory_utilization" not in cpu
+    for args in (gpu, mine, cpu):
+        AsyncEngineArgs(**args)  # every name is one vLLM 0.32 knows

@@ -58,6 +58,39 @@ def _gpu_memory() -> tuple[int, int]:
     return int(free), int(total)
 
 
+def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_gib: float = 2.0,
+                max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                dtype: str = "auto", seed: int = 0, enforce_eager: bool | None = None,
+                max_num_batched_tokens: int | None = None, weight_transfer: str = "auto",
+                gpu_memory_utilization: float | None = None) -> dict[str, Any]:
+    """vLLM's engine arguments for this engine on a GPU or on the CPU build (a pure function: what a GPU run gets is
+    tested on a machine without one)."""
+    args: dict[str, Any] = dict(
+        model=model_path, max_model_len=context_length, max_num_seqs=max_num_seqs, seed=seed,
+        tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+        enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager, disable_log_stats=True,
+        dtype=dtype if dtype != "auto" or on_gpu else "bfloat16",
+        # logprobs of the distribution actually sampled (temperature, top-p), as the hf engine gives
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
+    )
+    # on a GPU, pushes go through vLLM's own weight transfer (NCCL, vllm_transfer.py); else the chunked fallback
+    transfer = transfer_config(on_gpu, weight_transfer)
+    if transfer is not None:
+        args["weight_transfer_config"] = transfer
+    if on_gpu:
+        args["gpu_memory_utilization"] = gpu_memory_utilization or DEFAULT_GPU_SHARE
+        # vLLM's own server schedules 8K-16K tokens a step on a GPU; the engine arguments' fallback is 2,048
+        args["max_num_batched_tokens"] = max_num_batched_tokens or GPU_BATCHED_TOKENS
+    else:
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        # vLLM's CPU build cannot rewind a seeded request's torch generator ("CPU Generator does not use
+        # offset"), which it does when a prefill is split over two steps: every prefill in one step here.
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(context_length, max_num_batched_tokens or 2048)
+    return args
+
+
 class VLLMEngine(Engine):
     name = "vllm"
 
@@ -75,36 +108,18 @@ class VLLMEngine(Engine):
         on_gpu = devices.on_gpu()  # counted without initializing CUDA here: vLLM forks its engine core next
         self.model_path, self.context_length = model_path, context_length
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        args: dict[str, Any] = dict(
-            model=model_path, max_model_len=context_length, max_num_seqs=max_num_seqs, seed=seed,
-            tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager, disable_log_stats=True,
-            dtype=dtype if dtype != "auto" or on_gpu else "bfloat16",
-            # logprobs of the distribution actually sampled (temperature, top-p), as the hf engine gives
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
-        )
-        # on a GPU, pushes go through vLLM's own weight transfer (NCCL, vllm_transfer.py); else the chunked fallback
-        transfer = transfer_config(on_gpu, weight_transfer)
-        if transfer is not None:
-            args["weight_transfer_config"] = transfer
-        self.weight_transfer = "nccl" if transfer is not None else None
-        self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         if not 0 < max_message_mb < MESSAGE_LIMIT / 2**20:
             raise EngineError(f"max_message_mb is between 0 and {MESSAGE_LIMIT // 2**20} (vLLM's message limit), "
                               f"not {max_message_mb}")
         # a weight push travels in messages of at most this (vLLM's msgpack cannot encode a bytes object of 4 GiB)
         self.max_message_bytes = int(max_message_mb * 2**20)
-        if on_gpu:
-            args["gpu_memory_utilization"] = gpu_share(gpu_memory_utilization, *_gpu_memory())
-            # vLLM's own server schedules 8K-16K tokens a step on a GPU; the engine arguments' fallback is 2,048
-            args["max_num_batched_tokens"] = max_num_batched_tokens or GPU_BATCHED_TOKENS
-        else:
-            args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-            # vLLM's CPU build cannot rewind a seeded request's torch generator ("CPU Generator does not use
-            # offset"), which it does when a prefill is split over two steps: every prefill in one step here.
-            args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(context_length, max_num_batched_tokens or 2048)
+        args = engine_args(model_path, on_gpu=on_gpu, context_length=context_length, kv_cache_gib=kv_cache_gib,
+                           max_num_seqs=max_num_seqs, tensor_parallel_size=tensor_parallel_size,
+                           data_parallel_size=data_parallel_size, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                           max_num_batched_tokens=max_num_batched_tokens, weight_transfer=weight_transfer,
+                           gpu_memory_utilization=gpu_share(gpu_memory_utilization, *_gpu_memory()) if on_gpu else None)
+        self.weight_transfer = "nccl" if "weight_transfer_config" in args else None
+        self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
         before = set(processes.descendants(os.getpid()))
         try:
