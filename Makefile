@@ -39,9 +39,9 @@ endif
 	$(PIP) install -q --no-deps bfcl-eval==2025.6.8
 	touch $@
 
-# 2 workers on 2 cores: a third of the suite's time is waiting (see tests/conftest.py); TEST_WORKERS=0 runs it in
-# one process
-TEST_WORKERS ?= 2
+# 3 workers on 2 cores: the tests wait on processes, servers and the sandbox, and with 2 workers the cores sat idle
+# for part of the run (see tests/conftest.py; peak memory about 16 GiB); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 3
 
 test: install
 	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup

@@ -49,30 +49,44 @@ def pytest_configure(config) -> None:
     if getattr(config.option, "dist", None) == "loadgroup" and pytest.version_tuple[0] >= 9:
         raise pytest.UsageError(f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (the shared "
                                 "fixtures would be built on every worker): install the pinned pytest<9 (make install)")
-    # On pytest-xdist workers torch gets its share of the cores (1 each for 2 workers on 2 cores), unless the
-    # environment says: two workers whose torch each spins 2 threads on 2 cores slow each other down several times.
+    # On pytest-xdist workers torch gets its share of the cores (at least 1: 1 each for 3 workers on 2 cores), unless
+    # the environment says: workers whose torch each spins 2 threads on 2 cores slow each other down several times.
     # Subprocesses and Ray actors inherit it.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
-# `make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup): the tests wait on processes, servers and
-# the sandbox about a third of the time, and the other worker fills it. A session fixture is made once per worker,
-# so the tests of the costly ones run on one worker, as a group: the in-process vLLM engine, the SFT checkpoint.
-# Ray's tests form a group of their own (pytest.mark.xdist_group("ray")): one local cluster at a time.
+# `make test` runs the suite on 3 pytest-xdist workers on 2 cores (--dist loadgroup): the tests wait on processes,
+# servers and the sandbox for part of their time, and the other workers fill it. A session fixture is made once per
+# worker, so the tests of the costly ones run on one worker, as a group: the in-process vLLM engine, the SFT
+# checkpoint. Ray's tests form a group of their own (pytest.mark.xdist_group("ray")): one local cluster at a time.
 SHARED_FIXTURES = {"vllm_engine": "vllm-engine", "sft_checkpoint": "sft-checkpoint"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items) -> None:
-    """Each test of a costly shared fixture joins its group; then the grouped and slow tests go first (the longest
-    work is handed out first, and the many short tests fill the end), in file order otherwise."""
+    """Each test of a costly shared fixture joins its group; then the longest groups go first, then the other grouped
+    and slow tests (the longest work is handed out first, and the many short tests fill the end), in file order
+    otherwise (the sort is stable)."""
     for item in items:
         group = next((g for f, g in SHARED_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not (item.get_closest_marker("xdist_group") or item.get_closest_marker("slow")))
+    items.sort(key=_order)
+
+
+# xdist hands out work units (a group, else a test module) in the order of their first test, two to a worker at the
+# start: the longest chains first, so that none starts last and runs alone at the end
+LONGEST_GROUPS = ("ray", "sft-checkpoint", "vllm-engine")
+
+
+def _order(item) -> tuple[int, int]:
+    group = item.get_closest_marker("xdist_group")
+    name = group.args[0] if group and group.args else group.kwargs.get("name") if group else None
+    if name in LONGEST_GROUPS:
+        return 0, LONGEST_GROUPS.index(name)
+    return (1 if group or item.get_closest_marker("slow") else 2), 0
 
 
 def run_until_paused(args: list[str], pause: str, env: dict[str, str], sig: int = 9, within: float = 30.0,
