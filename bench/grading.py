@@ -225,14 +225,16 @@ def rollout_pairs(count: int, seed: int = 0) -> list[Pair]:
     return out
 
 
-def math_verify_grade(pair: Pair) -> bool:
-    """math-verify's verdict on a pair, in process (the oracle the fast path is checked against)."""
+def math_verify_grade(pair: Pair, timeout: int | None = None) -> bool:
+    """math-verify's verdict on a pair, in process (the oracle the fast path is checked against); a comparison past
+    `timeout` seconds (math-verify's own timeouts: the main thread only) is wrong, as the grader's pool makes it."""
     predicted = extract_answer(pair.response)
-    return predicted is not None and verify_answer(predicted, pair.gold)
+    return predicted is not None and verify_answer(predicted, pair.gold, timeout)
 
 
-def fast_disagreements(pairs: list[Pair]) -> tuple[int, list[tuple[Pair, bool, bool]]]:
-    """(pairs the fast path decides, [(pair, fast verdict, math-verify's) where they differ])."""
+def fast_disagreements(pairs: list[Pair], timeout: int = 10) -> tuple[int, list[tuple[Pair, bool, bool]]]:
+    """(pairs the fast path decides, [(pair, fast verdict, math-verify's) where they differ]); math-verify cut at
+    `timeout` seconds as the grader cuts it (`7123456!` runs for minutes): call it from the main thread."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     decided, differ = 0, []
     for pair in pairs:
@@ -241,7 +243,7 @@ def fast_disagreements(pairs: list[Pair]) -> tuple[int, list[tuple[Pair, bool, b
         if fast is None:
             continue
         decided += 1
-        slow = math_verify_grade(pair)
+        slow = math_verify_grade(pair, timeout)
         if fast != slow:
             differ.append((pair, fast, slow))
     return decided, differ

@@ -69,14 +69,14 @@ def _thousands(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
 def _pair(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
     w = r.choice([v, v, v + 1, -v, 0])
     sep = r.choice([",", " or", " and", ", or", ", and", " \\text{ or }", ",\\text{and}", " \\text{and}"])
-    return f"{v}{sep} {w}", (w,)
+    return f"{_int(v, r, '-')}{sep} {_int(w, r, '-')}", (w,)
 
 
 def _arith(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
     b = r.choice([0, 1, 3, 12, r.randint(0, 10 ** 6)])
     op = r.choice(["+", "-", "*", "\\cdot", "\\times"])
     sp = r.choice(["", " "]), r.choice(["", " "])
-    return f"{v}{sp[0]}{op}{sp[1]}{b}", (v + b, v - b, v * b)
+    return f"{_int(v, r, '-')}{sp[0]}{op}{sp[1]}{_zeros(r)}{b}", (v + b, v - b, v * b)
 
 
 def _fraction(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
@@ -91,7 +91,7 @@ def _fraction(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
 def _factorial(v: int, r: random.Random) -> tuple[str, tuple[int, ...]]:
     n = abs(v) if abs(v) <= 460 else r.choice([0, 1, 2, 3, 5, 20, 100, 449, 450])
     f = factorial(n)
-    return f"{'-' if v < 0 else ''}{n}!", (f, -f, n)
+    return f"{'-' if v < 0 else ''}{_zeros(r)}{n}!", (f, -f, n)
 
 
 def _digits(zero: str) -> Template:
@@ -99,6 +99,7 @@ def _digits(zero: str) -> Template:
 
 
 TEXT = ["text", "textbf", "mathbf", "mathrm"]
+TEXTS = ["The answer is ", "Total", "so we get ", "Answer", "oo", "cm", "nan"]
 UNITS = ["cm", "m", "ways", "dollars", "square units", "apples", "degrees", "minutes", "km per hour", "i", "and more"]
 
 # Every form of the fast path's table, and its variants (signs, leading zeros, spacing).
@@ -123,11 +124,11 @@ FORMS: dict[str, Template] = {
     "unit words": lambda v, r: (_int(v, r) + r.choice(["", " "]) + r.choice(integers._UNIT_WORDS), ()),
     "answer phrase": lambda v, r: (r.choice(["answer:", "Answer:", "The answer is", "the answer is", "answer is"])
                                    + " " + _int(v, r, "-"), ()),
-    "text prefix": lambda v, r: (f"\\text{{{r.choice(['The answer is ', 'Total', 'so we get ', 'Answer'])}}}"
+    "text prefix": lambda v, r: (f"\\text{{{r.choice(TEXTS)}}}"
                                  + r.choice(["", " "]) + _int(v, r, "-"), ()),
-    "is the answer": lambda v, r: (f"{v} is the {r.choice(['', 'final '])}answer", ()),
-    "plus minus": lambda v, r: (f"\\pm{r.choice(['', ' '])}{abs(v)}", (-abs(v),)),
-    "times e": lambda v, r: (f"{v}e{r.choice(['0', '00', '1', '3', '12'])}", ()),
+    "is the answer": lambda v, r: (f"{_int(v, r, '-')} is the {r.choice(['', 'final '])}answer", ()),
+    "plus minus": lambda v, r: (f"\\pm{r.choice(['', ' '])}{_zeros(r)}{abs(v)}", (-abs(v),)),
+    "times e": lambda v, r: (f"{_int(v, r, '-')}e{r.choice(['0', '00', '1', '3', '12', '007'])}", ()),
     "fraction": _fraction,
     **{f"brackets {b}": (lambda v, r, b=b: (b.format(_int(v, r)), ())) for b in [
         "({})", "( {} )", "[{}]", "\\{{{}\\}}", "\\left({}\\right)", "\\left[{}\\right]", "\\left\\{{{}\\right\\}}",
@@ -146,9 +147,9 @@ FORMS: dict[str, Template] = {
     "pair": _pair,
     "arithmetic": _arith,
     "power one": lambda v, r: (_int(v, r) + r.choice(["^1", "^{1}"]), ()),
-    "times ten": lambda v, r: (lambda k: (f"{v}{r.choice(['', ' '])}\\times{r.choice(['', ' '])}10^{k}",
+    "times ten": lambda v, r: (lambda k: (f"{_int(v, r, '-')}{r.choice(['', ' '])}\\times{r.choice(['', ' '])}10^{k}",
                                           (v * 10 ** int(k.strip("{}")),)))(r.choice(["0", "2", "{3}", "{0}"])),
-    "square root": lambda v, r: (lambda x: (f"\\sqrt{{{x}}}", (isqrt(x),)))(
+    "square root": lambda v, r: (lambda x: (f"\\sqrt{{{_zeros(r)}{x}}}", (isqrt(x),)))(
         r.choice([v * v, v * v + 1, abs(v), max(v * v - 1, 0)])),
     "factorial": _factorial,
     "arabic digits": _digits("\u0660"),

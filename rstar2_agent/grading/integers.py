@@ -3,30 +3,33 @@ without math-verify for the forms models write an integer in.
 
 Each form below is there because math-verify's verdict on it is a function of the integers written in it, the same
 for every value: mostly the integer comparison (`42`, `-042`, `42.0`, `$42$`, `42^\\circ`, `42\\text{ cm}`, `(42)`,
-`\\frac{84}{2}`, `1{,}000`, `x = 42`, ...), and elsewhere what math-verify reads the form as (the reason is given with
-each form; tests/test_grading_forms.py checks every form against math-verify over seeded values: zero, negatives,
-leading zeros, numbers of hundreds of digits):
+`\\frac{84}{2}`, `1{,}000`, `x = 42`, `42;`, ...), elsewhere what math-verify reads the form as
+(tests/test_grading_forms.py checks every form against math-verify over seeded values: zero, negatives, leading
+zeros, numbers of hundreds of digits):
 
 - `42\\%` is 42/100, and math-verify also compares a percentage's number itself: right against 42, and `4200\\%`
   against 42; `-42\\%` and `42.0\\%` only the second way (the minus is outside the percentage; a decimal's
   percentage is a float);
-- `4\\,2`, `4 2`, `4\\;2` are read as the mixed number 4 + 2 (latex2sympy's `2 \\frac{1}{2}` rule), `4\\,0` as 4 x 0;
+- `4\\,2`, `4 2`, `4\\;2` are the mixed number 4 + 2 (latex2sympy's `2 \\frac{1}{2}` rule), `4\\,0` is 4 x 0;
 - `4,2` is the set {4, 2} (equal to an integer only when both are it), `4,200` and `4{,}200` the number 4200;
-- `\\text{42}` is compared as text: right only when written exactly as the gold's integer (`\\text{042}`, `\\text{+42}`
+- `\\text{42}` is compared as text: right only when written as Python writes the gold (`\\text{042}`, `\\text{+42}`
   and `\\text{-0}` are wrong);
-- `-42.` (a sign and a trailing period) is -42 when written without leading zeros, otherwise nothing (wrong); `+42.`
-  and U+2212 `42.` are wrong;
+- `-42.` is -42 written without leading zeros, otherwise nothing (wrong); `+42.` and U+2212 `42.` are wrong;
 - `42.5` (a fraction digit that is not 0) is not an integer: wrong;
-- `\\text{The answer is }42`, `42 is the answer`, `\\pm 42` are a product with symbols (or a set {-42, 42}): right
-  only when both are 0; `42e0` is 42 x e x 0: right only against 0;
-- `\\sqrt{1764}` is 42 exactly; `5!` is 120; `42!` and beyond have more digits than any gold here (past 449! more than
-  1,000), so wrong, as math-verify says when it finishes (the pool cuts it at its timeout: wrong there too);
+- `\\text{The answer is }42`, `42 is the answer` and `\\pm 42` are a product with symbols (or the set {-42, 42}):
+  right only when both are 0; `42e0` is 42 x e x 0: right only against 0;
+- `\\sqrt{1764}` is 42; `5!` is 120, computed up to 449!; from 450! on a factorial has more than 1,000 digits, more
+  than any gold read here: wrong, as math-verify says when it finishes (on `898871!` it runs for minutes; the pool
+  cuts it at its timeout, wrong there too);
 - digits of other scripts (Arabic-Indic, fullwidth, ...): math-verify parses nothing and compares the text, never
   equal to the gold's ASCII digits: wrong; an empty answer: wrong.
 
-Forms whose verdict depends on more than the integers (`4~2` reads only the 4, `~42` is unlike `42~`, `\\text{042}\\%`,
-`+42\\%`, U+2212 with a percent sign, `01,500` (a decimal 1.5), units outside the unit list math-verify strips,
-...) are not here: they go to math-verify.
+Where math-verify's LaTeX parser fails on a form (`42;`, `42_{8}.`, `answer: 42`, `42\\%.`) it reads the digits with
+a plain-number pattern of its own, which takes neither `+` nor U+2212 and misreads `-042`: those forms are read
+here with a minus or no sign, and with leading zeros only unsigned. Inside $$...$$ only a plain integer is, and a
+trailing `\\text{}` inside `$ ... $` with spaces is not (math-verify drops a unit's text only at the very end).
+Forms whose verdict depends on more than the integers (`4~2` reads only the 4, `~42` is unlike `42~`, `+42\\%`,
+`01,500` is the decimal 1.5, words outside the unit list math-verify strips, ...) go to math-verify.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def _eq(m: re.Match[str], gold: int) -> bool | None:
 
 
 def _unsigned_zeros(m: re.Match[str], gold: int) -> bool | None:
-    """The integer, where leading zeros come without a minus (math-verify misreads `-042` there)."""
+    """The integer, in a form math-verify reads with its plain-number pattern: leading zeros only without a minus
+    (it misreads `-042`)."""
     if m["s"] and m["d"][0] == "0" and len(m["d"]) > 1:
         return None
     return _value(m["s"], m["d"]) == gold
@@ -131,7 +135,7 @@ def _joined(m: re.Match[str], gold: int) -> bool | None:
 
 def _comma(m: re.Match[str], gold: int) -> bool | None:
     """`4,200` is 4200 (a first group of 1-3 digits without a leading zero, then groups of three); `4,2` the set {4, 2};
-    `04,200` a decimal (0.4.2...): left to math-verify."""
+    `04,200` math-verify reads as a decimal: left to it."""
     a, b = m["a"], m["b"]
     if len(b) == 3 and len(a) <= 3:
         return None if a[0] == "0" else _value(m["s"], a + b) == gold
@@ -159,9 +163,9 @@ def _sqrt(m: re.Match[str], gold: int) -> bool | None:
 
 
 def _factorial(m: re.Match[str], gold: int) -> bool | None:
-    """`5!` is 120; past 449! the factorial has more than 1,000 digits, more than any gold here."""
+    """`5!` is 120, `-5!` -120; past 449! the factorial has more than 1,000 digits, more than any gold here."""
     v = int(m["d"])
-    return v <= 449 and _value(m["s"], str(factorial(v))) == gold
+    return v <= 449 and (-factorial(v) if m["s"] else factorial(v)) == gold
 
 
 def _wrong(m: re.Match[str], gold: int) -> bool | None:

@@ -42,16 +42,17 @@ def _as_latex(text: str) -> str:
     return text if text.startswith("$") else f"${text}$"
 
 
-def verify_answer(predicted: str, gold: str) -> bool:
+def verify_answer(predicted: str, gold: str, timeout: int | None = None) -> bool:
     """math-verify's verdict: is `predicted` (an answer string) equal to `gold` as math? In-process; no timeout of
-    its own."""
+    its own, unless `timeout` (seconds; math-verify's own, by signals, so in the main thread only): a comparison cut
+    there is wrong, as the pool's timeout makes it."""
     from math_verify import parse, verify
 
-    gold_parsed = parse(_as_latex(gold), parsing_timeout=None)
-    pred_parsed = parse(_as_latex(predicted), parsing_timeout=None)
+    gold_parsed = parse(_as_latex(gold), parsing_timeout=timeout)
+    pred_parsed = parse(_as_latex(predicted), parsing_timeout=timeout)
     if not gold_parsed or not pred_parsed:
         return predicted.strip() == gold.strip()
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
 
 
 def grade_answer(predicted: str, gold: str) -> bool:
