@@ -164,13 +164,16 @@ WRAPS = ["{}", "{}", "{}", "${}$", "$ {} $", "$${}$$"]
 
 
 def _golds(v: int, extra: tuple[int, ...]) -> list[str]:
-    """Gold strings for value v: itself (and its AIME width), its neighbours and negation, 0, and the extras."""
+    """Gold strings for value v: itself (with AIME's width, or a leading zero after a minus), its neighbours and
+    negation, 0, and the extras."""
     out = set()
     for g in {v, v + 1, -v, 0, *extra}:
         if len(str(abs(g))) <= 1000:
             out.add(str(g))
             if 0 <= g < 100:
                 out.add(f"{g:03d}")
+            elif g < 0:
+                out.add(f"-0{-g}")
     return sorted(out)
 
 
