@@ -169,8 +169,11 @@ def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> Non
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
               help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
+@click.option("--varied", type=click.IntRange(100), default=16_384, show_default=True,
+              help="Integer-gold answers in the forms models write (the `varied integer forms` grading row).")
 @click.option("--grading-only", is_flag=True, help="Only the grading figures (no engine).")
-def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers, grading_only) -> None:
+def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, rounds, answers, varied,
+             grading_only) -> None:
     """The harness's wall time against the bare engine on the same samples; graded answers per second through the
     integer fast path against math-verify in the process pool, and their agreement on a corpus."""
     import asyncio
@@ -201,7 +204,7 @@ def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, roun
             finally:
                 await eng.close()
         with console.status("grading ..."):
-            return row, await bench_grading(answers, min(answers, 2_000), data_dir=data_dir)
+            return row, await bench_grading(answers, min(answers, 2_000), data_dir=data_dir, varied=varied)
 
     row, grading = asyncio.run(go())
     if row is not None:
@@ -213,7 +216,8 @@ def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, roun
     for g in grading:
         console.print(f"grading {g.name} ({g.answers} answers, {g.decided} decided by the fast path): with the fast "
                       f"path {g.fast_per_s:.0f} answers/s, math-verify in the pool only {g.pool_per_s:.0f} answers/s "
-                      f"({g.ratio:.1f}x); same verdicts on {g.agree}/{g.answers}", soft_wrap=True)
+                      f"({g.ratio:.1f}x); same verdicts on {g.agree}/{g.answers} ({len(g.differ)} disagreements)",
+                      soft_wrap=True)
         for pair, fast, pool in g.differ[:20]:
             console.print(f"  differs: gold {pair.gold!r}, answer {fast.predicted!r} ({pair.kind}): with the fast "
                           f"path {fast.correct}, math-verify {pool.correct} ({pool.error or 'no error'})",
@@ -225,11 +229,14 @@ def eval_cmd(model, engine, data_dir, problems, n, max_tokens, concurrency, roun
               help="Benchmark mirrors whose golds join the grading corpus; default: generated answers only.")
 @click.option("--answers", type=click.IntRange(100), default=10_000, show_default=True,
               help="(gold, response) pairs in the grading corpus (and rollouts, up to 2,000).")
+@click.option("--varied", type=click.IntRange(100), default=16_384, show_default=True,
+              help="Integer-gold answers in the forms models write (the `varied integer forms` row).")
 @click.pass_context
-def grading_cmd(ctx, data_dir, answers) -> None:
+def grading_cmd(ctx, data_dir, answers, varied) -> None:
     """Graded answers per second through the integer fast path against math-verify in the process pool, and their
-    agreement on a corpus (`rstar2 bench eval --grading-only`)."""
-    ctx.invoke(eval_cmd, data_dir=data_dir, answers=answers, grading_only=True)
+    agreement: on rollouts, on a corpus and on integer golds in the forms models write (`rstar2 bench eval
+    --grading-only`)."""
+    ctx.invoke(eval_cmd, data_dir=data_dir, answers=answers, varied=varied, grading_only=True)
 
 
 @bench_group.command("rollout", context_settings={"ignore_unknown_options": True})

@@ -1,6 +1,10 @@
 """`rstar2 bench grading`: a seeded corpus of (gold, response) pairs, and graded answers per second
 through the integer fast path against math-verify in the process pool, side by side in one process.
 
+Three rows: rollouts as a policy writes them (`\\boxed{N}` in the answer block), the corpus, and integer golds
+answered in the forms and places models write an integer in (`varied_pairs`: FORMS x PLACES with the corpus's
+weights, integer golds only; 16,384 answers, a paper step's rollouts).
+
 The corpus: golds from the benchmarks whose JSONL mirrors are in the data dirs (AIME24/25, HMMT25, MATH-500: every
 gold, integer or not) and from the training data (synthetic.py's and tool_tasks.py's answers, DAPO-like integers
 from 0 to 2^300, negatives, golds with leading zeros), plus golds that only look like integers ("42.0", "1,000",
@@ -185,6 +189,26 @@ def answer_corpus(size: int = 10_000, seed: int = 0, data_dir: str | None = None
     return out
 
 
+def varied_pairs(count: int, seed: int = 0) -> list[Pair]:
+    """Integer golds answered in the ways models write an integer: a form drawn from FORMS and a place from PLACES
+    with the corpus's weights (plain 30%, each other form about 1.8%; the answer block 12 in 25), the value right or
+    wrong by half, as `answer_corpus` draws them but for integer golds only."""
+    r = random.Random(seed)
+    golds = [(g, s) for g, s in _golds(seed, None) if _as_int(g) is not None]
+    forms, form_w = list(FORM_WEIGHTS), list(FORM_WEIGHTS.values())
+    places, place_w = list(PLACE_WEIGHTS), list(PLACE_WEIGHTS.values())
+    out: list[Pair] = []
+    while len(out) < count:
+        gold, source = r.choice(golds)
+        v, form, place, right = int(gold), r.choices(forms, form_w)[0], r.choices(places, place_w)[0], r.random() < 0.5
+        answer = FORMS[form](v if right else _wrong(v, r), r)
+        if answer is None:
+            continue
+        text = PLACES[place].format(why=_why(r), a=answer, w=_wrong(v, r))
+        out.append(Pair(gold, text, f"{form}/{place}/{'right' if right else 'wrong'}/gold:{source}"))
+    return out
+
+
 def rollout_pairs(count: int, seed: int = 0) -> list[Pair]:
     """Integer golds answered as a policy writes them: 0.25 to 29 KB of reasoning and tool calls (about 70 to
     8,000 tokens; a paper stage-1 rollout is at most 8K), then `<answer>...\\boxed{N}.</answer>` with N right or
@@ -201,14 +225,16 @@ def rollout_pairs(count: int, seed: int = 0) -> list[Pair]:
     return out
 
 
-def math_verify_grade(pair: Pair) -> bool:
-    """math-verify's verdict on a pair, in process (the oracle the fast path is checked against)."""
+def math_verify_grade(pair: Pair, timeout: int | None = None) -> bool:
+    """math-verify's verdict on a pair, in process (the oracle the fast path is checked against); a comparison past
+    `timeout` seconds (math-verify's own timeouts: the main thread only) is wrong, as the grader's pool makes it."""
     predicted = extract_answer(pair.response)
-    return predicted is not None and verify_answer(predicted, pair.gold)
+    return predicted is not None and verify_answer(predicted, pair.gold, timeout)
 
 
-def fast_disagreements(pairs: list[Pair]) -> tuple[int, list[tuple[Pair, bool, bool]]]:
-    """(pairs the fast path decides, [(pair, fast verdict, math-verify's) where they differ])."""
+def fast_disagreements(pairs: list[Pair], timeout: int = 10) -> tuple[int, list[tuple[Pair, bool, bool]]]:
+    """(pairs the fast path decides, [(pair, fast verdict, math-verify's) where they differ]); math-verify cut at
+    `timeout` seconds as the grader cuts it (`7123456!` runs for minutes): call it from the main thread."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     decided, differ = 0, []
     for pair in pairs:
@@ -217,7 +243,7 @@ def fast_disagreements(pairs: list[Pair]) -> tuple[int, list[tuple[Pair, bool, b
         if fast is None:
             continue
         decided += 1
-        slow = math_verify_grade(pair)
+        slow = math_verify_grade(pair, timeout)
         if fast != slow:
             differ.append((pair, fast, slow))
     return decided, differ
@@ -244,10 +270,11 @@ async def _timed(grader: MathGrader, pairs: list[Pair]) -> tuple[float, list[Mat
     return len(pairs) / (time.perf_counter() - t0), grades
 
 
-async def bench_grading(size: int = 10_000, rollouts: int = 2_000, seed: int = 0, data_dir: str | None = None
-                        ) -> list[GradingRow]:
-    """Two rows: policy-like rollouts on integer golds, then the whole corpus; each graded by MathGrader() and by
-    MathGrader(fast=False) (math-verify in the pool for every answer), the pool warm, in this order."""
+async def bench_grading(size: int = 10_000, rollouts: int = 2_000, seed: int = 0, data_dir: str | None = None,
+                        varied: int = 16_384) -> list[GradingRow]:
+    """Three rows: policy-like rollouts on integer golds, the whole corpus, and `varied` integer-gold answers in the
+    forms and places models write them (`varied_pairs`); each graded by MathGrader() and by MathGrader(fast=False)
+    (math-verify in the pool for every answer), the pool warm, in this order."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     rows = []
     fast, pool = MathGrader(), MathGrader(fast=False)
@@ -255,7 +282,8 @@ async def bench_grading(size: int = 10_000, rollouts: int = 2_000, seed: int = 0
         for g in (fast, pool):
             await g.grade("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5")  # processes up, math-verify imported
         for name, pairs in (("rollouts, integer golds", rollout_pairs(rollouts, seed)),
-                            ("corpus", answer_corpus(size, seed, data_dir))):
+                            ("corpus", answer_corpus(size, seed, data_dir)),
+                            ("varied integer forms", varied_pairs(varied, seed))):
             fast_s, fast_grades = await _timed(fast, pairs)
             pool_s, pool_grades = await _timed(pool, pairs)
             decided = sum(1 for p in pairs if (a := extract_answer(p.response)) is not None

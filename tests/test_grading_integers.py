@@ -44,16 +44,11 @@ def test_decided_forms_match_math_verify(predicted, gold, correct):
 
 
 @pytest.mark.parametrize("predicted, gold", [
-    ("\\text{042}", "42"),  # math-verify: wrong (while \text{42} is right)
-    ("-5\\%", "-5"),  # wrong (a negative percentage is not read as a number)
-    ("+7.", "7"), ("-05.", "-5"), ("\u22125.", "-5"),  # wrong: a sign and a trailing period together
-    ("4\\,2", "6"),  # right: read as 4 + 2
-    ("42,000", "42000"), ("4,2", "42"),  # right (thousands), wrong (a set {4, 2})
-    ("42.0\\%", "42"),  # wrong
-    ("\u0664\u0662", "42"), ("\uff14\uff12", "42"),  # other scripts' digits: math-verify parses nothing
-    ("$$42$$", "42"), ("\\boxed{42}", "42"), ("42.5", "42"), ("42!", "42"), ("2" * 1001, "2" * 1001),
+    ("$$\\text{42}$$", "42"), ("\\boxed{42}", "42"), ("42^2", "1764"), ("4~2", "4"), ("2" * 1001, "2" * 1001),
 ])
 def test_forms_whose_verdict_is_not_the_integers_go_to_math_verify(predicted, gold):
+    """(What math-verify reads `\\text{042}`, `-5\\%`, `+7.`, `4\\,2`, `42,000`, ... as, the fast path decides the same
+    way: tests/test_grading_forms.py.)"""
     assert integer_verdict(predicted, gold) is None
 
 
@@ -142,14 +137,15 @@ async def test_fast_false_sends_every_answer_to_math_verify(monkeypatch):
         grader.close()
 
 
-def test_eval_bench_prints_both_grading_rows_with_their_agreement():
+def test_eval_bench_prints_the_grading_rows_with_their_agreement():
     import subprocess
     import sys
 
     rstar2 = str(Path(sys.executable).with_name("rstar2"))
-    p = subprocess.run([rstar2, "bench", "grading", "--answers", "200"], capture_output=True,
+    p = subprocess.run([rstar2, "bench", "grading", "--answers", "200", "--varied", "300"], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("grading ")]
-    assert len(lines) == 2 and "rollouts, integer golds (200 answers" in lines[0] and "corpus (200 answers" in lines[1]
-    assert all("same verdicts on 200/200" in line and "answers/s" in line for line in lines), p.stdout
+    assert len(lines) == 3 and "rollouts, integer golds (200 answers" in lines[0] and "corpus (200 answers" in lines[1]
+    assert "varied integer forms (300 answers" in lines[2] and "same verdicts on 300/300 (0 disagreements)" in lines[2]
+    assert all("same verdicts on 200/200" in line and "answers/s" in line for line in lines[:2]), p.stdout

@@ -7,11 +7,14 @@ is none math-verify's own extraction over the whole response. math-verify's own 
 in threads, so they are turned off and a stuck comparison is cut by the pool: the call returns `timeout` and the
 pool's processes are replaced.
 
-The fast path (`integer_verdict`): when the gold is strictly an integer ("42", "073", "-5") and the prediction is
-one of a few integer forms, compare integers. Each form is there because math-verify gives the same verdict on it
-for every value (the corpus test in tests/test_grading_integers.py checks it over >10,000 pairs); a form where
-its verdict depends on more than the integer (`\\text{042}` is wrong against 42 but `\\text{42}` right, `-5\\%`
-is wrong against -5, `+7.` against 7, `4\\,2` is read as 4+2) is not one of them and goes to math-verify.
+The fast path (`integer_verdict`, grading/integers.py): when the gold is strictly an integer ("42", "073", "-5") and
+the prediction is one of the forms models write an integer in, decide from the integers. Each form is there because
+math-verify's verdict on it is a function of the integers written in it for every value: the integer comparison
+(`42`, `042.0`, `42^\\circ`, `\\$42`, `42\\text{ cm}`, `(42)`, `\\frac{84}{2}`, `1{,}000`, ...) or what math-verify
+reads the form as (`\\text{042}` is compared as text and wrong against 42, `-5\\%` is -0.05, `4\\,2` the mixed
+number 4+2, `+7.` is wrong); tests/test_grading_forms.py checks each form against math-verify over seeded values,
+and the corpus tests in tests/test_grading_integers.py over >10,000 pairs. A form whose verdict depends on more
+than that goes to math-verify.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
-import re
 from dataclasses import dataclass
 
 from ..chat_format import EXTRACTIONS, extract_answer
+from .integers import integer_verdict
 
 
 @dataclass
@@ -39,56 +42,17 @@ def _as_latex(text: str) -> str:
     return text if text.startswith("$") else f"${text}$"
 
 
-# An integer gold, and the prediction forms the fast path decides: digits 0-9 only (math-verify does not read other
-# scripts' digits), at most 1,000 of them (past Python's int-string limit of 4,300 math-verify's parse fails and it
-# compares strings instead). The sign is -, + or U+2212; one pair of $...$ around the prediction is allowed
-# (math-verify reads the same inside as without).
-_INT_GOLD = re.compile(r"\s*(-?)([0-9]{1,1000})\s*", re.ASCII)
-_INT_FORMS = re.compile(r"""
-    (?P<s1>[-+\u2212]?) (?P<d1>[0-9]{1,1000}) (?:\.0+)?                       # 42, -042, +42.0, -42.000
-  | (?P<d2>[0-9]{1,1000}) (?:\.0*)? (?:\^\\circ|\^\{\\circ\}|\u00b0)? \.?   # 42., 42.0., 42^\circ, 42^{\circ}., 42°
-  | (?P<d3>[0-9]{1,1000}) \\% \.?                                            # 42\%, 42\%. (not -42\%, not 42.0\%)
-  | [A-Za-z] \s*=\s* (?P<s4>[-+\u2212]?) (?P<d4>[0-9]{1,1000})               # x=42, n = -042
-""", re.ASCII | re.VERBOSE)
-
-
-def _signed(sign: str, digits: str) -> tuple[bool, str]:
-    """(negative, digits without leading zeros), -0 being 0."""
-    digits = digits.lstrip("0") or "0"
-    return sign in ("-", "\u2212") and digits != "0", digits
-
-
-def integer_verdict(predicted: str, gold: str) -> bool | None:
-    """math-verify's verdict on `predicted` against `gold`, decided without it when the gold is an integer and the
-    prediction one of the integer forms above; None when this cannot decide (then ask math-verify)."""
-    g = _INT_GOLD.fullmatch(gold)
-    if g is None:
-        return None
-    text = predicted.strip()
-    if len(text) > 2 and text[0] == "$" and text[-1] == "$":
-        text = text[1:-1].strip(" ")
-    m = _INT_FORMS.fullmatch(text)
-    if m is None:
-        return None
-    if m["d1"] is not None:
-        sign, digits = m["s1"], m["d1"]
-    elif m["d4"] is not None:
-        sign, digits = m["s4"], m["d4"]
-    else:
-        sign, digits = "", m["d2"] or m["d3"]
-    return _signed(sign, digits) == _signed(g[1], g[2])
-
-
-def verify_answer(predicted: str, gold: str) -> bool:
+def verify_answer(predicted: str, gold: str, timeout: int | None = None) -> bool:
     """math-verify's verdict: is `predicted` (an answer string) equal to `gold` as math? In-process; no timeout of
-    its own."""
+    its own, unless `timeout` (seconds; math-verify's own, by signals, so in the main thread only): a comparison cut
+    there is wrong, as the pool's timeout makes it."""
     from math_verify import parse, verify
 
-    gold_parsed = parse(_as_latex(gold), parsing_timeout=None)
-    pred_parsed = parse(_as_latex(predicted), parsing_timeout=None)
+    gold_parsed = parse(_as_latex(gold), parsing_timeout=timeout)
+    pred_parsed = parse(_as_latex(predicted), parsing_timeout=timeout)
     if not gold_parsed or not pred_parsed:
         return predicted.strip() == gold.strip()
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
 
 
 def grade_answer(predicted: str, gold: str) -> bool:
