@@ -58,6 +58,7 @@ def test_fate_share_ends_a_killed_parents_trees_and_only_then(how):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two vLLM servers start (its wait for them allows 420 s) beside two other workers
 def test_serve_bench_ended_by_sigterm_mid_run_leaves_no_process(tmp_path):
     rstar2 = str(Path(sys.executable).with_name("rstar2"))
     bench = subprocess.Popen([rstar2, "bench", "serve", "--rounds", "1", "--requests", "2", "--max-tokens", "8"],

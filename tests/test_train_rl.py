@@ -44,6 +44,7 @@ def test_stage_of_global_steps():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # SmolLM2's rollouts and update, 93-233 s beside two other workers on 2 cores
 async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_logprob_with_hand_set_rewards(
         tmp_path):
     """Real rollouts from the real engine and a fresh sandbox (started late in the test session, after the serve
