@@ -165,10 +165,12 @@ def _as_int(gold: str) -> int | None:
     return int(gold) if re.fullmatch(r"\s*-?[0-9]+\s*", gold) else None
 
 
-def answer_corpus(size: int = 10_000, seed: int = 0, data_dir: str | None = None) -> list[Pair]:
-    """`size` (gold, response) pairs, the same for the same seed and data; half right, half wrong by value."""
+def answer_corpus(size: int = 10_000, seed: int = 0, data_dir: str | None = None, integers_only: bool = False
+                  ) -> list[Pair]:
+    """`size` (gold, response) pairs, the same for the same seed and data; half right, half wrong by value.
+    `integers_only`: integer golds only, every answer in one of FORMS."""
     r = random.Random(seed)
-    golds = _golds(seed, data_dir)
+    golds = [(g, s) for g, s in _golds(seed, data_dir) if not integers_only or _as_int(g) is not None]
     forms, form_w = list(FORM_WEIGHTS), list(FORM_WEIGHTS.values())
     places, place_w = list(PLACE_WEIGHTS), list(PLACE_WEIGHTS.values())
     out: list[Pair] = []
@@ -190,23 +192,10 @@ def answer_corpus(size: int = 10_000, seed: int = 0, data_dir: str | None = None
 
 
 def varied_pairs(count: int, seed: int = 0) -> list[Pair]:
-    """Integer golds answered in the ways models write an integer: a form drawn from FORMS and a place from PLACES
-    with the corpus's weights (plain 30%, each other form about 1.8%; the answer block 12 in 25), the value right or
-    wrong by half, as `answer_corpus` draws them but for integer golds only."""
-    r = random.Random(seed)
-    golds = [(g, s) for g, s in _golds(seed, None) if _as_int(g) is not None]
-    forms, form_w = list(FORM_WEIGHTS), list(FORM_WEIGHTS.values())
-    places, place_w = list(PLACE_WEIGHTS), list(PLACE_WEIGHTS.values())
-    out: list[Pair] = []
-    while len(out) < count:
-        gold, source = r.choice(golds)
-        v, form, place, right = int(gold), r.choices(forms, form_w)[0], r.choices(places, place_w)[0], r.random() < 0.5
-        answer = FORMS[form](v if right else _wrong(v, r), r)
-        if answer is None:
-            continue
-        text = PLACES[place].format(why=_why(r), a=answer, w=_wrong(v, r))
-        out.append(Pair(gold, text, f"{form}/{place}/{'right' if right else 'wrong'}/gold:{source}"))
-    return out
+    """Integer golds answered in the ways models write an integer: the corpus's forms and places with its weights
+    (plain 30%, each other form about 1.8%; the answer block 12 in 25), right or wrong by half, integer golds only
+    (the generated ones: the varied row needs no data)."""
+    return answer_corpus(count, seed, None, integers_only=True)
 
 
 def rollout_pairs(count: int, seed: int = 0) -> list[Pair]:
