@@ -104,9 +104,10 @@ def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Ex
         raise DataError("SFT in the template format is not supported (the model's own template decides how calls "
                         "and results look); train with format: rstar2-paper or hermes")
     messages = fmt.messages_for(for_format(fmt, _with_python_tool(fmt, record["messages"])), record.get("tools"))
-    written = in_shape(messages) if fmt.fixed else None
-    if fmt.fixed and shape == "format":
+    written = shaped = in_shape(messages) if fmt.fixed else None
+    if fmt.fixed and shape == "format" and not written:
         messages = to_shape(messages)
+        shaped = in_shape(messages)
     if fmt.fixed:
         opener = GENERATION_PROMPT.split("\n", 1)[1]
         messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
@@ -136,7 +137,7 @@ def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Ex
                 ids += piece_ids
                 mask += [label] * len(piece_ids)
         at = end
-    return Example(ids, mask, written, in_shape(messages) if fmt.fixed else None)
+    return Example(ids, mask, written, shaped)
 
 
 def _with_python_tool(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

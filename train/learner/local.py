@@ -13,8 +13,8 @@ from .update import UpdateConfig, UpdateItem, mini_shards, ppo_update
 class LocalLearner(TorchLearner):
     def update(self, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int,
                stop: threading.Event | None = None) -> dict[str, float]:
-        """The PPO pass over `items` and one optimizer step; the step's metrics. `stop` set: `UpdateStopped` before
-        the next micro-batch, and no optimizer step."""
+        """The PPO pass over `items`, an optimizer step per PPO mini-batch (`cfg.ppo_mini_batches`); the step's
+        metrics. `stop` set: `UpdateStopped` before the next micro-batch, and no further optimizer step."""
         (minis,), totals, _ = mini_shards(items, 1, cfg)
         return {**ppo_update(self, minis, cfg, totals, stop=stop), "update_tokens": total_tokens}
 
