@@ -55,6 +55,10 @@ def pytest_configure(config) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    # Ray starts its worker processes (every actor) at nice 15, below the other pytest workers at 0: on a busy
+    # 2-core machine the actors get a small fraction of the CPU and a Ray test runs 5-8 times longer than beside
+    # processes of its own niceness (Ray's `worker_niceness`; the raylet reads it when the local cluster starts)
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 # `make test` runs the suite on 3 pytest-xdist workers on 2 cores (--dist loadgroup): the tests wait on processes,
