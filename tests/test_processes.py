@@ -69,8 +69,11 @@ def test_serve_bench_ended_by_sigterm_mid_run_leaves_no_process(tmp_path):
         def both_up() -> bool:  # both servers (vLLM's and ours) answer: the bench is measuring
             assert bench.poll() is None, bench.stderr.read()[-2000:]
             for pid in descendants(bench.pid):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                except FileNotFoundError:  # a short-lived child (a compiler, a probe) ended since it was listed
+                    continue
                 port = re.search(r"--port (\d+)", cmd)
                 if port and ("serve" in cmd or "api_server" in cmd):
                     try:
