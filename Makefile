@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # packages (--system-site-packages) and gets everything else, never another torch or vLLM.
 EXTRAS ?= cpu
 
-.PHONY: install system-deps test test-fast lint bench train ablation clean
+.PHONY: rehearsal install system-deps test test-fast lint bench train ablation clean
 
 install: system-deps $(VENV)/.installed
 
@@ -67,6 +67,13 @@ train: install
 	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 24 --n 1 \
 	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
 	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "How many prime numbers are less than or equal to 17129?"
+
+# The paper's pipeline rehearsed: the 14B recipes themselves (SFT, three RL stages on a local Ray cluster, the
+# paper's eval table) under the CPU scale-down overlay, printed as a diff against the recipes, every hand-off
+# between the stages checked (about a minute on 2 cores with the tiny model; REHEARSAL_MODEL=smollm2-135m: the real one)
+REHEARSAL_MODEL ?= tiny
+rehearsal: install
+	$(VENV)/bin/rstar2 train rehearse --fixtures tests/data --model $(REHEARSAL_MODEL)
 
 # GRPO-RoC against GRPO at the same rollout budget on the tool-error task family, with the held-out probe (64
 # prompts x 4 at the start, midpoint and end): docs/ablation-summary.json and docs/ablation-curves.png. The

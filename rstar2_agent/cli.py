@@ -116,3 +116,7 @@ def engines_group() -> None:
     """Inference engines: their benchmarks are `rstar2 bench engines` and `rstar2 bench simulate replicas`."""
 
 
+
+
+if __name__ == "__main__":
+    main()

@@ -189,3 +189,26 @@ def _file_lock(path: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def tiny_variant(base: str, folder: str | os.PathLike) -> Path:
+    """`base`'s architecture cut to 2 narrow layers with seeded random weights, saved with its tokenizer into
+    `folder` (once): the real architecture, tokenizer, engines and learner at a size where a pipeline's machinery
+    runs in seconds (what it generates is noise: where learning does not matter)."""
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(base)
+    cfg.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16})
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg)
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+    tmp.replace(folder)
+    return folder

@@ -316,17 +316,9 @@ def tiny_smollm2(smol, tmp_path_factory):
     architecture, tokenizer, engines and learner, in seconds. For the tests of machinery that any policy exercises
     (the learner's passes, Ray's faults, kills and resumes); what the trained SmolLM2 itself must do is tested on
     SmolLM2."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from rstar2_agent.models import tiny_variant
 
-    cfg = AutoConfig.from_pretrained(smol.path)
-    cfg.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 16})
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-smollm2")
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(smol.path).save_pretrained(folder)
-    return str(folder)
+    return str(tiny_variant(smol.path, tmp_path_factory.mktemp("tiny") / "tiny-smollm2"))
 
 
 @pytest.fixture(scope="session")

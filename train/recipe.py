@@ -67,7 +67,10 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     return value
 
 
-def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...] = ()) -> T:
+def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...] = (),
+         changes: dict[str, Any] | None = None) -> T:
+    """The recipe's values, then the `key=value` overrides (values read as YAML), then `changes` (dotted keys to
+    Python values, e.g. a scale-down overlay)."""
     values: dict[str, Any] = {}
     if recipe:
         loaded = yaml.safe_load(find_recipe(recipe).read_text()) or {}
@@ -78,12 +81,43 @@ def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...
         if "=" not in item:
             raise RecipeError(f"override {item!r} must be key=value (e.g. optim.lr=2e-5)")
         key, raw = item.split("=", 1)
-        node = values
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = yaml.safe_load(raw) if raw else ""
+        _put(values, key, yaml.safe_load(raw) if raw else "")
+    for key, value in (changes or {}).items():
+        _put(values, key, value)
     return build(cls, values)
+
+
+def _put(values: dict[str, Any], key: str, value: Any) -> None:
+    node = values
+    *parents, last = key.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+
+
+def flat(config: Any) -> dict[str, Any]:
+    """A config as dotted keys (`optim.lr`, `stages[2].filter_solved`) to leaf values."""
+    out: dict[str, Any] = {}
+
+    def walk(value: Any, key: str) -> None:  # an empty mapping has no keys: it adds nothing
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+        else:
+            out[key] = value
+
+    walk(dataclasses.asdict(config), "")
+    return out
+
+
+def diff(before: Any, after: Any) -> list[tuple[str, Any, Any]]:
+    """(key, before, after) for every dotted key whose value differs between two configs of one class."""
+    a, b = flat(before), flat(after)
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys(), key=lambda k: (k.split("[")[0], k))
+            if a.get(k) != b.get(k)]
 
 
 def dump(config: Any) -> str:

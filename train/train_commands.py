@@ -473,6 +473,36 @@ def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> No
     click.echo(f"RL problems: {result.out} (an RL stage's data: {result.out})")
 
 
+@train_group.command("rehearse")
+@click.option("--fixtures", default="tests/data", show_default=True, type=click.Path(file_okay=False, exists=True),
+              help="The hub's data as fixtures in each source's schema (layout: train/rehearsal.py Fixtures).")
+@click.option("--out", default="runs/rehearsal", show_default=True, type=click.Path(file_okay=False),
+              help="Where the three stages write (checkpoints, the store); emptied first.")
+@click.option("--model", default="tiny", show_default=True, help="tiny: the embedded SmolLM2's 2-layer random "
+              "variant (the machinery, in minutes); or a model name or folder (smollm2-135m) to learn something.")
+@click.option("--eval-limit", type=click.IntRange(1), default=1, show_default=True,
+              help="Problems per benchmark in the final `rstar2 eval paper`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON at the end.")
+def rehearse_cmd(fixtures, out, model, eval_limit, as_json) -> None:
+    """The paper's pipeline end to end: the 14B recipes themselves (sft-qwen3-14b-base, rl-qwen3-14b-base-mi300x on
+    its checkpoint, `rstar2 eval paper` on RL's) under the CPU scale-down overlay, printed first as a diff against
+    the recipes, each hand-off between the stages checked on what the stages wrote."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from .rehearsal import HandOffError, Rehearsal
+
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        figures = Rehearsal(Path(out), Path(fixtures), model, eval_limit, echo=click.echo).run()
+    except HandOffError as e:
+        raise click.ClickException(f"hand-off check failed: {e}") from e
+    click.echo("rehearsal passed: every hand-off checked")
+    if as_json:
+        click.echo(json.dumps(figures))
+
+
 def _recipe(cls, recipe: str, overrides: tuple[str, ...]):
     """The recipe (a YAML file or a name in train/recipes/) with key=value overrides, as a `cls` dataclass."""
     from . import recipe as recipes
