@@ -47,8 +47,7 @@ def test_stage_of_global_steps():
 @pytest.mark.timeout(600)  # SmolLM2's rollouts and update, 93-233 s beside two other workers on 2 cores
 async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_logprob_with_hand_set_rewards(
         tmp_path):
-    """Real rollouts from the real engine and a fresh sandbox (started late in the test session, after the serve
-    tests, where a worker start once hung: see test_sandbox_start.py); the rewards are set by hand (the base model
+    """Real rollouts from the real engine and a fresh sandbox; the rewards are set by hand (the base model
     solves none of these, so a graded batch would carry no signal). The ratio is against the learner's own old
     logprobs, so the loss itself is -mean(A) whatever the weights: what one update must raise is the
     advantage-weighted logprob of the batch under the learner."""
