@@ -260,11 +260,14 @@ def compare_cmd(run_a, run_b, db, top) -> None:
     except StoreError as e:
         raise click.ClickException(str(e)) from e
     table = Table(title=f"{run_b} vs {run_a}")
-    for col in ("benchmark", "problems", f"{run_a} %", f"{run_b} %", "diff (pts)", "± s.e.", "better", "worse"):
+    for col in ("benchmark", "problems", f"{run_a} %", f"{run_b} %", "diff (pts)", "± s.e.", "paired 95% CI",
+                "better", "worse"):
         table.add_column(col)
     for b in benches:
+        low, high = b["ci"]
         table.add_row(b["benchmark"], str(b["problems"]), f"{100 * b['a']:.1f}", f"{100 * b['b']:.1f}",
-                      f"{100 * b['diff']:+.1f}", f"{100 * b['stderr']:.1f}", str(b["better"]), str(b["worse"]))
+                      f"{100 * b['diff']:+.1f}", f"{100 * b['stderr']:.1f}", f"{100 * low:+.1f} to {100 * high:+.1f}",
+                      str(b["better"]), str(b["worse"]))
     console.print(table)
     if problems and top:
         table = Table(title=f"problems that changed (largest first, {min(top, len(problems))} of {len(problems)})")

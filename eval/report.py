@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from rstar2_agent.stats import t_quantile
 from rstar2_agent.store import Run, Sample, Store, StoreError
 
 from .benchmarks import BENCHMARKS
@@ -219,6 +220,8 @@ def compare(store: Store, a: str, b: str) -> tuple[list[dict[str, Any]], list[di
             "diff": float(diffs.mean()) if shared else 0.0,
             "stderr": float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else 0.0,
             "better": int((diffs > 0).sum()), "worse": int((diffs < 0).sum())})
+        half = t_quantile(0.975, len(diffs) - 1) * benches[-1]["stderr"] if len(diffs) > 1 else float("nan")
+        benches[-1]["ci"] = (benches[-1]["diff"] - half, benches[-1]["diff"] + half)  # paired t over problems, 95%
         problems += [{"benchmark": bench, "problem_id": p, "a": pa[p], "b": pb[p], "diff": pb[p] - pa[p]}
                      for p in shared if pa[p] != pb[p]]
     if not benches:

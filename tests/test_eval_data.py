@@ -107,3 +107,20 @@ def test_store_replaces_an_error_sample_with_its_retry(tmp_path):
 def test_store_error_for_a_bad_url():
     with pytest.raises(StoreError, match="--db"):
         Store("nosuchdialect://x/y")
+
+
+def test_compare_gives_the_paired_difference_and_its_95_percent_t_interval(tmp_path):
+    from rstar2_agent.eval.report import compare
+
+    store = Store(tmp_path / "s.db")
+    right = {"a": {0, 1}, "b": {0, 1, 2, 3, 4, 5}}  # b solves 4 more of 10 problems and loses none
+    for name, solved in right.items():
+        run = store.open_run(name, "aime24", "m", {})
+        for p in range(10):
+            store.add_sample(Sample(run_id=run.id, problem_id=str(p), sample_index=0, status="ok",
+                                    correct=p in solved, answer="1", gold="1", stop_reason="answer"), {"turns": []})
+    (bench,), changed = compare(store, "a", "b")
+    # differences 1 on 4 problems, 0 on 6: mean 0.4, sd 0.5164, s.e. 0.1633, t(0.975, 9) = 2.2622
+    assert bench["diff"] == pytest.approx(0.4) and bench["stderr"] == pytest.approx(0.16330, abs=1e-4)
+    assert bench["ci"] == pytest.approx((0.4 - 0.36942, 0.4 + 0.36942), abs=1e-4)
+    assert (bench["better"], bench["worse"], len(changed)) == (4, 0, 4)
