@@ -66,7 +66,7 @@ _RUN_OPTIONS = [
     click.option("--limit", type=click.IntRange(1), default=None, help="Only the first K problems (BFCL: per "
                  "category)."),
     click.option("--categories", default="all", show_default=True, help="bfcl_v3: categories or groups (non_live, "
-                 "live, multi_turn, single_turn), comma-separated."),
+                 "live, multi_turn, single_turn), comma-separated; synth: problem families (primes, fib, ...)."),
     click.option("--judge-url", default=None, help="arena_hard: the judge, an OpenAI-compatible chat server (the "
                  "benchmark's: gpt-4-1106-preview). Default: the model under test judges itself, a smoke test only."),
     click.option("--judge-model", default=None, help="arena_hard: the judge's model name on that server (default: "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,18 +103,35 @@ def _fib(r: random.Random):
             f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)", a)
 
 
-FAMILIES: list[Callable[[random.Random], tuple[str, str, int]]] = [
-    _sum_range, _comb, _gcd, _powmod, _divisors, _primes, _digit_sum, _trailing_zeros, _squares, _fib]
+FAMILIES: dict[str, Callable[[random.Random], tuple[str, str, int]]] = {f.__name__[1:]: f for f in (
+    _sum_range, _comb, _gcd, _powmod, _divisors, _primes, _digit_sum, _trailing_zeros, _squares, _fib)}
+
+
+def parse_families(text: str | None) -> tuple[str, ...]:
+    """"primes+fib" (or "primes,fib") -> ("primes", "fib"); None, "" or "all": every family."""
+    if not text or text == "all":
+        return tuple(FAMILIES)
+    names = tuple(n.strip() for n in re.split(r"[+,]", text) if n.strip())
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown or not names:
+        raise ValueError(f"unknown synthetic problem famil{'ies' if len(unknown) > 1 else 'y'} "
+                         f"{', '.join(unknown) or text!r}: choose from {', '.join(FAMILIES)} (joined with +)")
+    return names
 OPENERS = ["I will compute this with Python.", "Let me calculate it with a short program.",
            "I'll use the Python tool to get the exact value.", "A quick computation settles this."]
 
 
-def problems(seed: int, n: int) -> list[SynthProblem]:
+def problems(seed: int, n: int, families: str | None = None) -> list[SynthProblem]:
+    """`n` problems drawn with `seed` from `families` (parse_families; every family by default). A subset's ids
+    name it, so problems of different subsets never share an id."""
+    names = parse_families(families)
+    makers = [FAMILIES[name] for name in names]
+    tag = "" if len(names) == len(FAMILIES) else "+".join(names) + "-"
     r = random.Random(seed)
     out = []
     for i in range(n):
-        question, code, answer = r.choice(FAMILIES)(r)
-        out.append(SynthProblem(f"{seed}-{i}", question, code, str(answer)))
+        question, code, answer = r.choice(makers)(r)
+        out.append(SynthProblem(f"{tag}{seed}-{i}", question, code, str(answer)))
     return out
 
 
@@ -133,6 +151,6 @@ def conversation(p: SynthProblem, r: random.Random) -> dict[str, Any]:
     }
 
 
-def conversations(seed: int, n: int) -> list[dict[str, Any]]:
+def conversations(seed: int, n: int, families: str | None = None) -> list[dict[str, Any]]:
     r = random.Random(seed + 1)
-    return [conversation(p, r) for p in problems(seed, n)]
+    return [conversation(p, r) for p in problems(seed, n, families)]

@@ -89,17 +89,19 @@ class Rollouts:
 
         from .data.problems import is_problem_data, sample, stage_problems
 
-        generators = {"synthetic": synthetic.problems, "tooltasks": tool_tasks.problems}
+        size = 512 if stage.data_size is None else stage.data_size
+        generators = {"synthetic": lambda families: synthetic.problems(stage.data_seed, size, families),
+                      "tooltasks": lambda _: tool_tasks.problems(stage.data_seed, size)}
+        name, _, families = stage.data.partition(":") if isinstance(stage.data, str) else ("", "", "")
         if is_problem_data(stage.data):
             curated = sample(stage_problems(stage.data, self.cfg.data_dir, self.cfg.out), stage.data_size,
                              stage.data_seed)
             all_problems = {p.id: (p.problem, p.answer) for p in curated}
-        elif stage.data in generators:
-            problems = generators[stage.data](stage.data_seed, 512 if stage.data_size is None else stage.data_size)
-            all_problems = {p.id: (p.question, p.answer) for p in problems}
+        elif name in generators and (name == "synthetic" or not families):
+            all_problems = {p.id: (p.question, p.answer) for p in generators[name](families or None)}
         else:
-            raise ValueError(f"stage data must be one of {', '.join(generators)}, a problems file (.jsonl) or "
-                             f"sources (hub:ID, dapo:PATH, ...), not {stage.data!r}")
+            raise ValueError(f"stage data must be one of synthetic, synthetic:FAMILIES, tooltasks, a problems file "
+                             f"(.jsonl) or sources (hub:ID, dapo:PATH, ...), not {stage.data!r}")
         if self.pool_ids is not None:
             return {i: all_problems[i] for i in self.pool_ids if i in all_problems}
         return all_problems

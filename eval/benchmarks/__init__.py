@@ -22,13 +22,18 @@ BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HM
 
 
 def get_benchmark(name: str, categories: str = "all", judge: JudgeSpec | None = None) -> Benchmark:
-    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups), `judge` is
-    Arena-Hard's."""
+    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups) or the synthetic
+    problem families of `synth`; `judge` is Arena-Hard's."""
     if name not in BENCHMARKS:
         raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} "
                         "(several at once as a comma list)")
     if name == BFCLv3.name:
         return BFCLv3(categories=categories)
+    if name == Synthetic.name:
+        try:
+            return Synthetic(categories)
+        except ValueError as e:
+            raise DataError(f"synth --categories: {e}") from e
     return ArenaHard(judge) if name == ArenaHard.name else BENCHMARKS[name]()
 
 

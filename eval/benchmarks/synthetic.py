@@ -14,7 +14,13 @@ class Synthetic(MathBenchmark):
     count = 200
     defaults = PAPER  # ours, not an author's: the paper's math settings
 
+    def __init__(self, families: str | None = None):
+        from rstar2_agent.synthetic import parse_families
+
+        self.families = "+".join(parse_families(families))  # `--categories`: the problem families (default all)
+
     def load(self, data_dir=None, limit=None):
         from rstar2_agent.synthetic import problems
 
-        return [Problem(p.id, p.question, p.answer) for p in problems(HELD_OUT_SEED, limit or self.count)]
+        return [Problem(p.id, p.question, p.answer) for p in problems(HELD_OUT_SEED, limit or self.count,
+                                                                      self.families)]

@@ -5,7 +5,8 @@
 - `FORMAT:path`: a local file (JSONL, JSON or Parquet) or folder of them, in one of the formats below;
 - `hub:ORG/NAME[:split]`: a hub dataset through `datasets`, converted by its id; with `hub_dir`, read from the
   local copy `hub_dir/ORG/NAME` (the hub repository's files, e.g. from `huggingface-cli download`) instead;
-- `synthetic:N[:SEED]`: N generated tool-use conversations (rstar2_agent/synthetic.py);
+- `synthetic:N[:SEED[:FAMILIES]]`: N generated tool-use conversations (rstar2_agent/synthetic.py), from the
+  problem families joined with + (default: all);
 - `tooltasks:N[:SEED[:ERROR_SHARE]]`: N conversations on tool tasks whose data the program reads from stdin
   (rstar2_agent/tool_tasks.py), ERROR_SHARE of them (default 0.5) a buggy call, its real error, then the fix.
 
@@ -289,8 +290,11 @@ def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None
     if source.startswith("synthetic:"):
         from rstar2_agent.synthetic import conversations
 
-        _, n, *seed = source.split(":")
-        return conversations(int(seed[0]) if seed else 0, int(n))
+        _, n, *rest = source.split(":")
+        try:
+            return conversations(int(rest[0]) if rest else 0, int(n), rest[1] if len(rest) > 1 else None)
+        except ValueError as e:
+            raise DataError(f"{source}: {e} (synthetic:N[:SEED[:FAMILIES]])") from e
     if source.startswith("tooltasks:"):
         from rstar2_agent import tool_tasks
 
