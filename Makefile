@@ -56,16 +56,20 @@ bench:
 	$(VENV)/bin/rstar2 bench sandbox
 
 # The whole pipeline on the embedded defaults: non-reasoning SFT, two GRPO-RoC stages, the report, and the
-# held-out synthetic accuracy before (the SFT checkpoint) and after (the RL checkpoint), then the trained model
-# answering one question with the Python tool (reach it by name: rstar2 chat --model rl-smollm2-cpu).
+# held-out synthetic accuracy (64 problems of RL's five problem families, greedy) before (the SFT checkpoint) and
+# after (the RL checkpoint), compared with its paired 95% interval; then the trained model answering one question
+# with the Python tool (reach it by name: rstar2 chat --model rl-smollm2-cpu). The two evaluations go to their own
+# store, made afresh each time (a rerun would otherwise resume the previous checkpoints' results).
+TRAIN_EVAL = --categories primes+digit_sum+trailing_zeros+squares+fib --limit 64 --n 1 --temperature 0 \
+  --format hermes --max-tokens 256 --max-turns 3 --concurrency 16 --engine vllm --db runs/make-train-eval.db
 train: install
 	$(VENV)/bin/rstar2 train sft --recipe sft-smollm2-cpu
 	$(VENV)/bin/rstar2 train rl --recipe rl-smollm2-cpu
 	$(VENV)/bin/rstar2 train report rl-smollm2-cpu --png runs/rl-smollm2-cpu/curves.png
-	$(VENV)/bin/rstar2 eval synth --model runs/sft-smollm2-cpu/last --run sft-smollm2-cpu-synth --limit 24 --n 1 \
-	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
-	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth --limit 24 --n 1 \
-	  --temperature 0 --format hermes --max-tokens 256 --max-turns 3 --concurrency 8
+	rm -f runs/make-train-eval.db
+	$(VENV)/bin/rstar2 eval synth --model runs/sft-smollm2-cpu/last --run sft-smollm2-cpu-synth $(TRAIN_EVAL)
+	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth $(TRAIN_EVAL)
+	$(VENV)/bin/rstar2 eval compare sft-smollm2-cpu-synth rl-smollm2-cpu-synth --db runs/make-train-eval.db --top 0
 	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "How many prime numbers are less than or equal to 17129?"
 
 # The paper's pipeline rehearsed: the 14B recipes themselves (SFT, three RL stages on a local Ray cluster, the
