@@ -70,7 +70,7 @@ train: install
 	$(VENV)/bin/rstar2 eval synth --model runs/sft-smollm2-cpu/last --run sft-smollm2-cpu-synth $(TRAIN_EVAL)
 	$(VENV)/bin/rstar2 eval synth --model runs/rl-smollm2-cpu/last --run rl-smollm2-cpu-synth $(TRAIN_EVAL)
 	$(VENV)/bin/rstar2 eval compare sft-smollm2-cpu-synth rl-smollm2-cpu-synth --db runs/make-train-eval.db --top 0
-	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "How many prime numbers are less than or equal to 17129?"
+	$(VENV)/bin/rstar2 chat --model rl-smollm2-cpu -p "What is the 57th Fibonacci number, with F(1) = F(2) = 1?"
 
 # The paper's pipeline rehearsed: the 14B recipes themselves (SFT, three RL stages on a local Ray cluster, the
 # paper's eval table) under the CPU scale-down overlay, printed as a diff against the recipes, every hand-off

@@ -272,6 +272,10 @@ async def test_rewrite_resumes_without_asking_twice_against_serve_with_a_scripte
         assert json.loads(stdout)["rewrite"] == {tulu: {"asked": 0, "cached": 6, "empty": 0}}
         written = [json.loads(line) for line in (tmp_path / "mix.jsonl").read_text().splitlines()]
         assert written[:3] == hub("Team-ACE/ToolACE") and written[3:] == out and engine.calls == 6
+        # the rewritten file, given to an rstar2-paper SFT, trains every row in the shape RL's reward reads
+        shaped = load_examples(ChatFormat(smol_tokenizer, "rstar2-paper"), written, 1 << 30)
+        assert len(shaped) == 6 and all(ex.shaped for ex in shaped)
+        assert not any(ex.shaped_as_written for ex in shaped[3:])  # the endpoint's text alone is not in shape
 
 
 # ------------------------------------------------------------------------------------------ the targets' shape
