@@ -389,8 +389,8 @@ def sft_config(out, **kw):
 
 @pytest.fixture(scope="session")
 def sft_checkpoint(tmp_path_factory):
-    """One SFT run (sft_config, 2 epochs = 12 steps), made once: (final folder, loss history). The SFT tests
-    check it; vLLM's own server serves it in test_vllm_server.py."""
+    """One SFT run (sft_config on 4 conversations, 2 epochs = 8 steps), made once: (final folder, loss history). The
+    SFT tests check it; vLLM's own server serves it in test_vllm_server.py."""
     from rstar2_agent.train.sft import run_sft
 
-    return run_sft(sft_config(tmp_path_factory.mktemp("sft-checkpoint"), epochs=2))
+    return run_sft(sft_config(tmp_path_factory.mktemp("sft-checkpoint"), epochs=2, data=["synthetic:4:0"]))

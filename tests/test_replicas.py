@@ -309,15 +309,15 @@ def test_simulator_replays_recorded_trajectories():
     assert all(r.makespan > 0 and r.rollouts == 256 for r in results)
 
 
-# ---------------------------------------------------------------- a real run: two hf replicas of SmolLM2
+# ------------------------------------------------- a real run: two hf replicas (the tiny SmolLM2: the machinery)
 @pytest.mark.slow
-async def test_agent_loop_over_two_hf_replicas_under_each_policy(smol, sandbox):
+async def test_agent_loop_over_two_hf_replicas_under_each_policy(tiny_smollm2, sandbox):
     from rstar2_agent.agent import AgentConfig, run_agent
     from rstar2_agent.chat_format import ChatFormat
     from rstar2_agent.engines.hf import HFEngine
 
-    first = HFEngine(smol.path, context_length=2048)
-    second = HFEngine(smol.path, context_length=2048, model=first.model, tokenizer=first.tokenizer)  # same weights
+    first = HFEngine(tiny_smollm2, context_length=2048)
+    second = HFEngine(tiny_smollm2, context_length=2048, model=first.model, tokenizer=first.tokenizer)  # same weights
     fmt = ChatFormat(first.tokenizer, "markdown")
     cfg = AgentConfig(max_turns=2, max_response_tokens=96, sampling=SamplingParams(temperature=0.8, max_tokens=48))
     try:

@@ -203,9 +203,10 @@ async def test_load_64_concurrent_requests(url, client):
     assert 'rstar2_tokens_total{kind="completion"}' in metrics
 
 
-async def test_serve_cli_spreads_conversations_over_replicas(smol):
-    """`rstar2 serve --replicas 2` (the real CLI in a subprocess): concurrent conversations land on both hf
-    replicas, each multi-turn conversation on one of them, and /health shows every replica's load."""
+async def test_serve_cli_spreads_conversations_over_replicas(tiny_smollm2):
+    """`rstar2 serve --replicas 2` (the real CLI in a subprocess, on the tiny SmolLM2: the machinery): concurrent
+    conversations land on both hf replicas, each multi-turn conversation on one of them, and /health shows every
+    replica's load."""
     import sys
     from pathlib import Path
 
@@ -214,8 +215,9 @@ async def test_serve_cli_spreads_conversations_over_replicas(smol):
     from conftest import free_port
 
     port = free_port()
-    argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--port", str(port), "--replicas", "2",
-            "--replica-policy", "least_outstanding", "--sandbox-workers", "1", "--format", "markdown"]
+    argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--model", tiny_smollm2, "--served-model-name",
+            "smollm2-135m", "--port", str(port), "--replicas", "2", "--replica-policy", "least_outstanding",
+            "--sandbox-workers", "1", "--format", "markdown"]
     with running(argv, port, timeout=240) as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         replies = await asyncio.gather(*(client.chat.completions.create(
