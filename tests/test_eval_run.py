@@ -139,7 +139,7 @@ async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
     server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as url:
-        await evaluate(["aime24"], Source(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=160), store, "chat",
+        await evaluate(["aime24"], Source(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=96), store, "chat",
                        data_dir=str(FIXTURE))
     (result,) = load(store, "chat")
     assert len(result.samples) == 3 and result.errors == 0 and result.run.model == url

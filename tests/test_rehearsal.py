@@ -27,7 +27,7 @@ from rstar2_agent.train.rehearsal import (
 FIXTURES = Path(__file__).resolve().parent / "data"
 # what the overlay may change: the model and where things are read and written, counts, budgets, ranks and actors,
 # the CPU's dtype and the start check's threshold; never the algorithm, the format or the data's shape
-SCALE = {"model", "hub_dir", "batch_examples", "dtype", "out", "db", "prompts_per_step", "group_size",
+SCALE = {"model", "hub_dir", "batch_examples", "epochs", "dtype", "out", "db", "prompts_per_step", "group_size",
          "micro_batch_tokens", "logprob_chunk_tokens", "gpu_memory_gib", "start_check.min_answer_share", "data_dir"}
 
 

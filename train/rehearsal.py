@@ -89,7 +89,7 @@ class Fixtures:
 def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixtures) -> tuple[dict, dict]:
     """The scale-down overlay as dotted-key changes to each recipe (`recipe.load(..., changes=...)`)."""
     db = str(out / "rehearsal.db")
-    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": 4, "dtype": "fp32",
+    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": 4, "epochs": 1.0, "dtype": "fp32",
                    "out": str(out / "sft"), "db": db}
     data = [f"dapo:{fx.problems('dapo')}", f"euler:{fx.problems('euler')}"]
     # one step a stage, each stage's other settings kept (turns, filter, optimizer reset)
