@@ -117,6 +117,8 @@ def parse_families(text: str | None) -> tuple[str, ...]:
         raise ValueError(f"unknown synthetic problem famil{'ies' if len(unknown) > 1 else 'y'} "
                          f"{', '.join(unknown) or text!r}: choose from {', '.join(FAMILIES)} (joined with +)")
     return names
+
+
 OPENERS = ["I will compute this with Python.", "Let me calculate it with a short program.",
            "I'll use the Python tool to get the exact value.", "A quick computation settles this."]
 
