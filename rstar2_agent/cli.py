@@ -115,5 +115,6 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
 def engines_group() -> None:
     """Inference engines: their benchmarks are `rstar2 bench engines` and `rstar2 bench simulate replicas`."""
 
+
 if __name__ == "__main__":
     main()
