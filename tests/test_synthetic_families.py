@@ -13,9 +13,7 @@ from rstar2_agent.train.rl import RLConfig, Stage
 from rstar2_agent.train.rollouts import Rollouts
 from rstar2_agent.train.sft import SFTConfig
 
-QUESTION_START = {"primes": "How many prime numbers", "fib": "What is the ",
-                  "digit_sum": "What is the sum of the digits",
-                  "gcd": "What is the greatest common divisor"}
+QUESTION_START = {"primes": "How many prime numbers", "gcd": "What is the greatest common divisor"}
 
 
 def test_a_subset_draws_only_its_families_and_names_them_in_its_ids():

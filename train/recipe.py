@@ -116,8 +116,7 @@ def flat(config: Any) -> dict[str, Any]:
 def diff(before: Any, after: Any) -> list[tuple[str, Any, Any]]:
     """(key, before, after) for every dotted key whose value differs between two configs of one class."""
     a, b = flat(before), flat(after)
-    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys(), key=lambda k: (k.split("[")[0], k))
-            if a.get(k) != b.get(k)]
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
 def dump(config: Any) -> str:

@@ -38,6 +38,7 @@ from rstar2_agent.store import Store
 
 from . import recipe as recipes
 from .rl import RLConfig, run_rl
+from .run_frame import run_name
 from .sft import SFTConfig, run_sft
 
 SFT_RECIPE = "sft-qwen3-14b-base"
@@ -178,10 +179,6 @@ class Rehearsal:
             end_tree(proc.pid, grace=5.0)
         if code != 0:
             raise HandOffError(f"rstar2 eval paper on the RL checkpoint failed (exit {code}): see its output above")
-
-
-def run_name(cfg: Any) -> str:
-    return cfg.run or Path(cfg.out).name
 
 
 def overlay_text(sft_plain: SFTConfig, sft: SFTConfig, rl_plain: RLConfig, rl: RLConfig) -> str:

@@ -90,15 +90,15 @@ class Rollouts:
         from .data.problems import is_problem_data, sample, stage_problems
 
         size = 512 if stage.data_size is None else stage.data_size
-        generators = {"synthetic": lambda families: synthetic.problems(stage.data_seed, size, families),
-                      "tooltasks": lambda _: tool_tasks.problems(stage.data_seed, size)}
-        name, _, families = stage.data.partition(":") if isinstance(stage.data, str) else ("", "", "")
         if is_problem_data(stage.data):
             curated = sample(stage_problems(stage.data, self.cfg.data_dir, self.cfg.out), stage.data_size,
                              stage.data_seed)
             all_problems = {p.id: (p.problem, p.answer) for p in curated}
-        elif name in generators and (name == "synthetic" or not families):
-            all_problems = {p.id: (p.question, p.answer) for p in generators[name](families or None)}
+        elif stage.data == "synthetic" or stage.data.startswith("synthetic:"):
+            families = stage.data.partition(":")[2] or None
+            all_problems = {p.id: (p.question, p.answer) for p in synthetic.problems(stage.data_seed, size, families)}
+        elif stage.data == "tooltasks":
+            all_problems = {p.id: (p.question, p.answer) for p in tool_tasks.problems(stage.data_seed, size)}
         else:
             raise ValueError(f"stage data must be one of synthetic, synthetic:FAMILIES, tooltasks, a problems file "
                              f"(.jsonl) or sources (hub:ID, dapo:PATH, ...), not {stage.data!r}")

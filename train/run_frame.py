@@ -54,6 +54,11 @@ def save_checkpoint(learner: Any, cfg: Any, stage: str, step: int, context_lengt
     return path
 
 
+def run_name(cfg: Any) -> str:
+    """A training run's name in the store: the recipe's `run`, else its `out` folder's name."""
+    return cfg.run or Path(cfg.out).resolve().name
+
+
 class RunFrame:
     """A training run's record, around its steps: `with RunFrame(...) as frame:` then `frame.record(step, metrics)`
     after each step. `done` is the step the run starts from (its checkpoint's): `forget(store, run_id, done)`
@@ -63,7 +68,7 @@ class RunFrame:
     def __init__(self, cfg: Any, kind: str, done: int, info: dict[str, Any] | None = None, *, primary: bool = True,
                  forget: Callable[[Store, int, int], None] | None = None):
         self.cfg = cfg
-        self.name = cfg.run or Path(cfg.out).resolve().name
+        self.name = run_name(cfg)
         self.store: Store | None = None
         self.run_id: int | None = None
         self.trackers: Trackers | None = None

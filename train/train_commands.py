@@ -494,7 +494,6 @@ def rehearse_cmd(fixtures, out, model, eval_limit, as_json) -> None:
     from rstar2_agent.benchmark_data import DataError
     from rstar2_agent.models import ModelError
 
-    from .data.chat_data import DataError as SFTDataError
     from .rehearsal import HandOffError, Rehearsal
 
     shutil.rmtree(out, ignore_errors=True)
@@ -502,7 +501,7 @@ def rehearse_cmd(fixtures, out, model, eval_limit, as_json) -> None:
         figures = Rehearsal(Path(out), Path(fixtures), model, eval_limit, echo=click.echo).run()
     except HandOffError as e:
         raise click.ClickException(f"hand-off check failed: {e}") from e
-    except (DataError, SFTDataError, ModelError, ValueError) as e:  # a stage's own error, as `train sft/rl` say it
+    except (DataError, ModelError, ValueError) as e:  # a stage's own error (SFT's data errors are ValueErrors)
         raise click.ClickException(f"the rehearsal stopped: {e}") from e
     click.echo("rehearsal passed: every hand-off checked")
     if as_json:

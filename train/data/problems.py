@@ -352,15 +352,15 @@ def build(specs: Iterable[str], out: str | os.PathLike, data_dir: str | os.PathL
 
 
 # ---------------------------------------------------------------------------------------------- RL stages
+GENERATORS = ("synthetic", "tooltasks")  # problem generators a stage's data may name instead of problems
+
+
 def is_problem_data(data: str | list[str]) -> bool:
     """Does a stage's `data` name problems (files or sources) rather than a generator (synthetic,
     synthetic:FAMILIES, tooltasks)?"""
     if isinstance(data, str) and data.split(":")[0] in GENERATORS:
         return False
     return not isinstance(data, str) or ":" in data or data.endswith(".jsonl")
-
-
-GENERATORS = ("synthetic", "tooltasks")  # problem generators a stage's data may name instead of problems
 
 
 def stage_problems(data: str | list[str], data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike
