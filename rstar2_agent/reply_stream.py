@@ -172,8 +172,8 @@ class ReplyParser:
         first started; a paragraph break separates two turns' text in a part."""
         out = self.finish()
         self._reset_turn()
-        for part in self.parts:
-            self._emit(out, part, "\n\n")
+        for part in self.parts.values():  # what follows in a part starts a new paragraph
+            part.pending = "\n\n" if part.started else ""
         return out
 
     def finish(self) -> list[Delta]:
@@ -231,9 +231,9 @@ class ReplyParser:
 
     def _marker(self, out: list[Delta], marker: str) -> None:
         if marker == OPEN_CALL:
-            if self.calls_as_reasoning:
+            if self.calls_as_reasoning:  # on its own line in the reasoning
                 self.in_raw_call = True
-                self._emit(out, "reasoning", marker)
+                self._emit(out, "reasoning", "\n" + marker)
             else:
                 self.call = _Call()
         elif marker == CLOSE_CALL:  # the end of a call block written in the reasoning, or a close with no open
