@@ -77,7 +77,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             traj.stop_reason = "max_tokens"
             break
         t0 = time.monotonic()
-        decoder = _StreamDecoder(fmt, emit) if on_event else None
+        decoder = StreamDecoder(fmt, emit) if on_event else None
         turn_ids: list[int] = []
         turn_logprobs: list[float] = []
         resumes = 0
@@ -202,7 +202,7 @@ async def _execute(call: ToolCall, sandbox: Sandbox, timeout: float) -> ExecResu
         return ExecResult.failure(Status.INTERNAL_ERROR, f"the sandbox failed: {type(e).__name__}: {e}")
 
 
-class _StreamDecoder:
+class StreamDecoder:
     """Turns streamed token ids into text deltas, incrementally (as vLLM's detokenizer does): decode a short
     window and emit what it adds, waiting while a multi-byte character is incomplete."""
 

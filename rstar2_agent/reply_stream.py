@@ -144,12 +144,13 @@ class ReplyParser:
     """Feed a reply's text as it is generated; get what it adds to the content, the reasoning and the calls."""
 
     def __init__(self, fmt_name: str, start_in_reasoning: bool = False, tools: list[dict[str, Any]] | None = None,
-                 parallel: bool = True, calls_as_reasoning: bool = False):
-        self.rstar2 = fmt_name in RSTAR2_PROFILES
+                 parallel: bool = True, calls_as_reasoning: bool = False, split: bool = True):
+        self.rstar2, self.split = fmt_name in RSTAR2_PROFILES, split
         self.start_in_reasoning = start_in_reasoning
         self.tool_names = {t.get("function", t).get("name") for t in tools or []}
         self.parallel, self.calls_as_reasoning = parallel, calls_as_reasoning
-        tags = ["<reason>", "</reason>", "<answer>", "</answer>"] if self.rstar2 else ["<think>", "</think>"]
+        tags = [] if not split else ["<reason>", "</reason>", "<answer>", "</answer>"] if self.rstar2 else [
+            "<think>", "</think>"]
         self.markers = tags + ([OPEN_CALL, CLOSE_CALL] if self.tool_names or calls_as_reasoning else [])
         self.parts = {"content": _Part(), "reasoning": _Part()}
         self.calls = 0
@@ -158,7 +159,7 @@ class ReplyParser:
         self._reset_turn()
 
     def _reset_turn(self) -> None:
-        self.in_think, self.in_answer, self.in_raw_call = self.start_in_reasoning, False, False
+        self.in_think, self.in_answer, self.in_raw_call = self.start_in_reasoning and self.split, False, False
 
     # ------------------------------------------------------------------ feeding
     def feed(self, text: str) -> list[Delta]:
@@ -188,6 +189,8 @@ class ReplyParser:
 
     # ------------------------------------------------------------------ the machine
     def _part(self) -> str:
+        if not self.split:
+            return "content"
         if self.in_raw_call:
             return "reasoning"
         if self.rstar2:
@@ -352,9 +355,8 @@ def reply_of(deltas: list[Delta]) -> Reply:
     return Reply("".join(content) or None, "".join(reasoning) or None, [calls[k] for k in sorted(calls)])
 
 
-def parse_reply(turns: list[str], fmt_name: str, start_in_reasoning: bool = False, **kw: Any) -> Reply:
-    """The non-streamed reply: each generated turn's text fed whole."""
-    parser = ReplyParser(fmt_name, start_in_reasoning, **kw)
+def parse_reply(turns: list[str], parser: ReplyParser) -> Reply:
+    """The non-streamed reply: each generated turn's text fed whole to a new parser."""
     deltas: list[Delta] = []
     for k, text in enumerate(turns):
         deltas += parser.feed(text)

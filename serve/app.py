@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +24,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from rstar2_agent.agent import AgentConfig, run_agent
+from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
+from rstar2_agent.reply_stream import Delta, Reply, ReplyParser, parse_reply, reply_of, starts_in_reasoning
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
@@ -48,6 +49,7 @@ class ServeConfig:
     max_concurrency: int = 64
     api_key: str | None = None
     stall_timeout: float | None = 300.0  # a request with no new token for this long is aborted (None: never)
+    separate_reasoning: bool = True  # reasoning_content apart from content (a request's separate_reasoning wins)
 
 
 class Server:
@@ -110,26 +112,57 @@ class Server:
             raise engine_failure(EngineStalled(message) if name == EngineStalled.__name__ else EngineError(traj.error))
         return traj
 
-    def loop_message(self, traj: Trajectory, req: ChatRequest) -> dict[str, Any]:
-        return {"role": "assistant", "content": traj.text.replace(self.format_for(req).eos_text, ""),
-                "rstar2": trajectory_extension(traj)}
+    def splits(self, req: ChatRequest) -> bool:
+        return self.cfg.separate_reasoning if req.separate_reasoning is None else req.separate_reasoning
+
+    def reply_parser(self, req: ChatRequest, prompt: list[int], tools: list[dict[str, Any]] | None = None,
+                     loop: bool = False) -> ReplyParser:
+        """The parser of this request's reply: the profile's split (unless raw text is asked for), the client's
+        tools (none with tool_choice "none"), and in the server's own loop its calls as part of the reasoning."""
+        fmt = self.format_for(req)
+        return ReplyParser(fmt.protocol.name, starts_in_reasoning(fmt.decode(prompt[-16:])),
+                           tools=None if req.tool_choice == "none" else tools, parallel=req.parallel_tool_calls,
+                           calls_as_reasoning=loop, split=self.splits(req))
+
+    def loop_message(self, traj: Trajectory, req: ChatRequest, prompt: list[int]) -> dict[str, Any]:
+        eos = self.format_for(req).eos_text
+        if not self.splits(req):  # the raw trajectory: generated text and the inserted tool responses
+            return {"role": "assistant", "content": traj.text.replace(eos, ""), "rstar2": trajectory_extension(traj)}
+        reply = parse_reply([t.text.replace(eos, "") for t in traj.turns], self.reply_parser(req, prompt, loop=True))
+        return {**reply_message(reply, True), "rstar2": trajectory_extension(traj)}
 
     # ------------------------------------------------------------------ chat: client-side tools
-    async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int]):
+    async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int],
+                               on_deltas: Callable[[list[Delta]], None] | None = None):
+        """One generation; its calls of the client's tools parsed as they are written. `on_deltas` hears each
+        piece of content, reasoning and call as the tokens come (a stream); without it the text is parsed whole
+        (the same parser: the two forms agree)."""
         fmt = self.format_for(req)
+        parser = self.reply_parser(req, prompt, tools=req.tools)
+        deltas: list[Delta] = []
+
+        def take(new: list[Delta]) -> None:
+            deltas.extend(new)
+            if new and on_deltas is not None:
+                on_deltas(new)
+
+        decoder = StreamDecoder(fmt, lambda kind, text: take(parser.feed(text.replace(fmt.eos_text, "")))) \
+            if on_deltas is not None else None
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
                                  stop_token_ids=fmt.stop_token_ids)
         async with self.gate:
-            gen = await self.engine.generate(prompt, sampling)
+            gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
+        if decoder is not None:
+            decoder.flush()
+        else:
+            take(parser.feed(fmt.decode(gen.token_ids).replace(fmt.eos_text, "")))
+        take(parser.finish())
         self.metrics.tokens.labels("prompt").inc(len(prompt))
         self.metrics.tokens.labels("completion").inc(len(gen.token_ids))
-        text = fmt.decode(gen.token_ids).replace(fmt.eos_text, "")
-        msg, finish = client_tool_message(fmt, text, req.tools or [], req.tool_choice != "none",
-                                          CLIENT_CALLS if req.parallel_tool_calls else 1)
-        if finish == "stop" and gen.finish_reason == "length":
-            finish = "length"
-        return msg, finish, len(prompt), len(gen.token_ids), gen
+        reply = reply_of(deltas)
+        finish = "length" if gen.finish_reason == "length" else "tool_calls" if reply.calls else "stop"
+        return reply_message(reply, self.splits(req)), finish, len(prompt), len(gen.token_ids), gen
 
 
 def engine_failure(e: EngineError) -> OpenAIError:
@@ -139,22 +172,29 @@ def engine_failure(e: EngineError) -> OpenAIError:
     return OpenAIError(500, f"the engine failed: {e}", kind="server_error")
 
 
-CLIENT_CALLS = 64  # calls of one response returned to a client (every call a model writes, in practice)
+def reply_message(reply: Reply, split: bool) -> dict[str, Any]:
+    """The assistant message of a reply: content (null beside calls when there is none), reasoning_content where
+    reasoning is split out, and the calls as OpenAI's tool_calls."""
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.content if reply.calls else reply.content or ""}
+    if split:
+        msg["reasoning_content"] = reply.reasoning
+    if reply.calls:
+        msg["tool_calls"] = [{"id": c["id"], "type": "function",
+                              "function": {"name": c["name"], "arguments": c["arguments"]}} for c in reply.calls]
+    return msg
 
 
-def client_tool_message(fmt: ChatFormat, text: str, tools: list[dict[str, Any]], allow_calls: bool,
-                        max_calls: int = CLIENT_CALLS) -> tuple[dict[str, Any], str]:
-    """The assistant message for a request with client tools: the first `max_calls` well-formed calls become
-    `tool_calls` (1 with parallel_tool_calls false); the text before the first call stays as content; a
-    malformed call is left in the content, as text."""
-    calls = [c for c in fmt.parse(text, max_calls=CLIENT_CALLS, tools=tools) if c.error is None][:max_calls]
-    if not calls or not allow_calls:
-        return {"role": "assistant", "content": text}, "stop"
-    content = text[: text.find("<tool_call>")].strip() or None
-    tool_calls = [{"id": c.id, "type": "function",
-                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                  for c in calls]
-    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+def delta_of(d: Delta) -> dict[str, Any]:
+    """A reply's delta as a chat.completion.chunk's delta: each call's index, id and name once, then its argument
+    fragments."""
+    if d.kind == "content":
+        return {"content": d.text}
+    if d.kind == "reasoning":
+        return {"reasoning_content": d.text}
+    if d.kind == "call":
+        return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
 
 
 def trajectory_extension(traj: Trajectory) -> dict[str, Any]:
@@ -304,7 +344,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
             else:
                 trajs = await until_done_or_gone(request, asyncio.gather(
                     *(server.run_loop(req, i, prompt) for i in range(req.n))))
-                choices = [{"index": i, "message": server.loop_message(t, req), "finish_reason": finish_of(t),
+                choices = [{"index": i, "message": server.loop_message(t, req, prompt), "finish_reason": finish_of(t),
                             "logprobs": _chat_logprobs(server, t) if req.logprobs else None}
                            for i, t in enumerate(trajs)]
                 usage = _usage(len(prompt), sum(t.num_generated_tokens for t in trajs))
@@ -347,22 +387,33 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
         return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
     async def one(index: int) -> None:
+        eos, split = server.format_for(req).eos_text, server.splits(req)
+        parser = server.reply_parser(req, prompt, loop=True)
+
+        def put(deltas: list[Delta]) -> None:
+            for d in deltas:
+                queue.put_nowait(chunk(index, delta_of(d)))
+
         def on_event(kind: str, payload: Any) -> None:
             if kind == "text":
-                queue.put_nowait(chunk(index, {"content": payload.replace(server.format_for(req).eos_text, "")}))
+                text = payload.replace(eos, "")
+                if split:
+                    put(parser.feed(text))
+                elif text:
+                    queue.put_nowait(chunk(index, {"content": text}))
+            elif kind == "turn_end" and split:
+                put(parser.end_turn())
             elif kind in ("tool_call", "tool_result"):
                 queue.put_nowait(chunk(index, {"rstar2": {kind: tool_call_dict(payload)}}))
 
         try:
             if req.tools:
-                msg, finish, _, _, _ = await server.run_client_tools(req, index, prompt)
-                delta = {k: v for k, v in msg.items() if k != "role"}
-                if "tool_calls" in delta:  # stream deltas number their calls
-                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
-                queue.put_nowait(chunk(index, delta))
+                _, finish, _, _, _ = await server.run_client_tools(req, index, prompt, on_deltas=put)
                 queue.put_nowait(chunk(index, {}, finish))
             else:
                 traj = await server.run_loop(req, index, prompt, on_event)
+                if split:
+                    put(parser.finish())
                 queue.put_nowait(chunk(index, {"rstar2": {k: v for k, v in trajectory_extension(traj).items()
                                                           if k != "turns"}}, finish_of(traj)))
         except OpenAIError as e:
@@ -386,7 +437,8 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
             finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
             if getter in finished:
                 item = getter.result()
-                if first[0] and "choices" in item and item["choices"][0]["delta"].get("content"):
+                delta = item["choices"][0]["delta"] if "choices" in item else {}
+                if first[0] and (delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")):
                     m.ttft.observe(time.monotonic() - t0)
                     first[0] = False
                 yield sse(item)

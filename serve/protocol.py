@@ -297,6 +297,7 @@ class ChatRequest(_Request):
     max_turns: int | None = Field(default=None, ge=1, le=100)
     tool_timeout: float | None = Field(default=None, gt=0, le=600)
     format: Literal["hermes", "markdown", "rstar2-release", "rstar2-paper", "template"] | None = None
+    separate_reasoning: bool | None = None  # SGLang's field: false keeps the raw text as content; None: the server's
 
     @field_validator("messages")
     @classmethod

@@ -180,11 +180,11 @@ def test_last_boxed_handles_nesting():
 @settings(max_examples=50, deadline=None)
 @given(text=st.text(max_size=80))
 def test_streamed_text_deltas_add_up_to_the_decoded_turn(fmt, text):
-    from rstar2_agent.agent import _StreamDecoder
+    from rstar2_agent.agent import StreamDecoder
 
     ids = fmt.encode(text)
     deltas: list[str] = []
-    decoder = _StreamDecoder(fmt, lambda kind, delta: deltas.append(delta))
+    decoder = StreamDecoder(fmt, lambda kind, delta: deltas.append(delta))
     for i in ids:
         decoder.feed([i])
     decoder.flush()

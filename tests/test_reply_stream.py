@@ -46,9 +46,7 @@ def cut(text: str, at: list[int]) -> list[str]:
 
 @pytest.mark.parametrize("case", REPLIES, ids=[c["name"] for c in REPLIES])
 def test_the_whole_reply_is_the_profiles_split(case):
-    whole = parse_reply(case["turns"], case["profile"], case.get("start_in_reasoning", False),
-                        tools=TOOLS[case["tools"]], parallel=case.get("parallel", True),
-                        calls_as_reasoning=case["tools"] == "loop")
+    whole = parse_reply(case["turns"], parser(case))
     expect = case["expect"]
     assert shape(whole) == (expect["content"], expect["reasoning"], [tuple(c) for c in expect["calls"]])
     assert all(c["id"].startswith("call_") for c in whole.calls) and len({c["id"] for c in whole.calls}) == len(

@@ -15,7 +15,7 @@ from rstar2_agent.engines.openai import OpenAIEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app as sandbox_app
-from rstar2_agent.serve.app import ServeConfig, Server, client_tool_message
+from rstar2_agent.serve.app import reply_message
 
 from conftest import metrics_once_idle, serving, uvicorn_app
 
@@ -80,24 +80,30 @@ async def test_client_side_tools_round_trip(client):
     assert isinstance(follow.choices[0].message.content, str)
 
 
-async def test_client_tools_map_parsed_calls_to_openai_tool_calls(engine, sandbox):
-    """The mapping from the shared parser to `tool_calls` (SmolLM2 rarely writes Hermes calls itself)."""
-    fmt = Server(engine, sandbox, ServeConfig(model_name="m")).formats["hermes"]
+def test_client_tools_map_parsed_calls_to_openai_tool_calls():
+    """The mapping from the reply parser to `tool_calls` (SmolLM2 rarely writes Hermes calls itself)."""
+    from rstar2_agent.reply_stream import ReplyParser, parse_reply
+
+    def message(text, fmt="hermes", tools=(WEATHER,), parallel=True, split=True):
+        return reply_message(parse_reply([text], ReplyParser(fmt, tools=list(tools), parallel=parallel,
+                                                             split=split)), split)
+
     text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
-           '\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
-    msg, finish = client_tool_message(fmt, text, [WEATHER], allow_calls=True)
-    assert finish == "tool_calls" and msg["content"] == "Checking."
-    [call] = msg["tool_calls"]  # the second call lacks its required argument: not returned as a call
+           '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    msg = message(text)
+    assert msg["content"] == 'Checking.\n\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    [call] = msg["tool_calls"]  # the second names no tool of the client's: it stays text
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'} and call["type"] == "function"
-    msg, finish = client_tool_message(fmt, text, [WEATHER], allow_calls=False)  # tool_choice="none"
-    assert finish == "stop" and msg["content"] == text and "tool_calls" not in msg
-    two = text.replace('"arguments": {}', '"arguments": {"city": "Rome"}')
-    assert len(client_tool_message(fmt, two, [WEATHER], allow_calls=True)[0]["tool_calls"]) == 2
-    [first] = client_tool_message(fmt, two, [WEATHER], True, max_calls=1)[0]["tool_calls"]  # parallel_tool_calls
+    assert message(text, tools=())["content"] == text and "tool_calls" not in message(text, tools=())  # "none"
+    two = text.replace('"get_time", "arguments": {}', '"get_weather", "arguments": {"city": "Rome"}')
+    assert len(message(two)["tool_calls"]) == 2 and message(two)["content"] == "Checking."
+    [first] = message(two, parallel=False)["tool_calls"]
     assert json.loads(first["function"]["arguments"]) == {"city": "Paris"}
-    release = Server(engine, sandbox, ServeConfig(model_name="m")).formats["rstar2-release"]
-    calls = client_tool_message(release, two, [WEATHER], allow_calls=True)[0]["tool_calls"]  # the client's args
-    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    calls = message("ok</reason>\n" + two, fmt="rstar2-release")  # the client's arguments, the reasoning apart
+    args = [json.loads(c["function"]["arguments"]) for c in calls["tool_calls"]]
+    assert args == [{"city": "Paris"}, {"city": "Rome"}]
+    assert calls["reasoning_content"] == "ok\nChecking." and calls["content"] is None
+    assert "reasoning_content" not in message(two, split=False)
 
 
 async def test_completions_with_token_ids_drive_the_openai_engine(url, engine):
