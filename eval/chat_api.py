@@ -76,7 +76,8 @@ class ChatAPIAgent:
             msg = choice.message
             n_tokens = resp.usage.completion_tokens if resp.usage else 0
             used += n_tokens
-            turn = Turn(text=msg.content or "", num_tokens=n_tokens,
+            reasoning = (msg.model_extra or {}).get("reasoning_content")  # a server that splits it out
+            turn = Turn(text="\n".join(p for p in (reasoning, msg.content) if p), num_tokens=n_tokens,
                         finish_reason="length" if choice.finish_reason == "length" else "stop")
             traj.turns.append(turn)
             calls = cap_calls([_call(c, tools) for c in msg.tool_calls or []],

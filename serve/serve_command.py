@@ -35,10 +35,12 @@ from rstar2_agent.cli_options import engine_option, replica_options
               "in /metrics; /health answers 503 while the engine makes no progress). 0: never.")
 @click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="For the server-side tool loop; default: the model's.")
+@click.option("--raw-reasoning", is_flag=True, help="Keep the model's reasoning in `content` as it wrote it (no "
+              "`reasoning_content`); a request's `separate_reasoning` still decides for itself.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, stall_timeout,
-              format_name, unsafe) -> None:
+              format_name, raw_reasoning, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -67,7 +69,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
                       format=format_name or resolved.spec.format,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key,
-                      stall_timeout=stall_timeout or None)
+                      stall_timeout=stall_timeout or None, separate_reasoning=not raw_reasoning)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
