@@ -1,8 +1,16 @@
 """`rstar2 chat`: a terminal chat with the agent, rendered with rich.
 
 Reasoning streams as it is generated, each tool call shows as highlighted code and its output in a panel,
-and the final answer stands apart. Ctrl-C stops the current answer, not the program; /reset forgets the
-conversation, /exit leaves. `-p QUESTION` answers once and exits (`--json` prints the trajectory).
+and the final answer stands apart. Ctrl-C stops the current answer, not the program, and drops that question;
+/reset forgets the conversation, /exit leaves. `-p QUESTION` answers once and exits (`--json` prints the
+trajectory).
+
+The conversation is kept as the model saw it, token for token (DESIGN: token-in/token-out): the next question's
+prompt is the previous answer's prompt ids and response ids (its generated ids and the inserted tool-response ids,
+so earlier tool calls and results stay), then the end of the assistant turn where the model did not write it, the
+new user turn and the generation prompt, as the format's template renders them after an assistant turn
+(`next_question_ids`). The earlier conversation is never re-rendered or re-tokenized. `Conversation.ask` is one
+question's step, the same for the terminal loop and `-p`.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -86,15 +94,94 @@ class Renderer:
                                 f"{traj.num_generated_tokens} tokens, {traj.timings['total']:.1f} s]", style="dim"))
 
 
-async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, messages: list[dict[str, Any]],
-                 opts: ChatOptions, renderer: Renderer | None) -> Trajectory:
+async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, prompt_ids: list[int], opts: ChatOptions,
+                 renderer: Renderer | None) -> Trajectory:
+    """One answer to a prompt already rendered (`prompt_ids`), with the chat's sampling and budgets."""
     cfg = AgentConfig(max_turns=opts.max_turns, max_response_tokens=opts.max_tokens,
                       sampling=SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens))
-    return await run_agent(messages, engine, sandbox, fmt, cfg, on_event=renderer)
+    return await run_agent("", engine, sandbox, fmt, cfg, on_event=renderer, prompt_ids=prompt_ids)
 
 
 def user_message(fmt: ChatFormat, text: str) -> dict[str, str]:
     return {"role": "user", "content": fmt.user_content(text)}
+
+
+class ConversationError(Exception):
+    """The conversation cannot take the next question; the message says what to do."""
+
+
+# Stands for the assistant's content in the probe conversations of next_question_ids (no text a user writes has it).
+_ASSISTANT = "\x00rstar2-chat-assistant\x00"
+
+
+def _after_assistant(fmt: ChatFormat, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """What the format's template renders after the probe assistant turn's content (through ChatFormat's own
+    renderer, as its tool_response_ids does for tool results)."""
+    text = fmt._apply(fmt.messages_for(messages), add_generation_prompt)
+    return text[text.index(_ASSISTANT) + len(_ASSISTANT):]
+
+
+def next_question_ids(fmt: ChatFormat, text: str, turn_ended_with_eos: bool) -> list[int]:
+    """The ids that continue a conversation after the assistant's last turn with the question `text`: the end of
+    that turn (left out where the model ended it with the format's end-of-turn token), the user turn as the
+    profile's template renders one after an assistant turn, and the generation prompt. Worked out from the format
+    itself, on a probe conversation rendered with and without the new user turn; only the new part is encoded, so
+    the conversation before it is never re-tokenized."""
+    before = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _ASSISTANT}]
+    turn_end = _after_assistant(fmt, before, add_generation_prompt=False)
+    new = _after_assistant(fmt, [*before, user_message(fmt, text)], add_generation_prompt=True)
+    if not new.startswith(turn_end):
+        raise ConversationError(f"the {fmt.protocol.name} template ends an assistant turn differently when a user "
+                                "turn follows; the conversation cannot be continued token-exactly: /reset after "
+                                "each answer, or use --format hermes")
+    if turn_ended_with_eos:
+        if not new.startswith(fmt.eos_text):
+            raise ConversationError(f"the {fmt.protocol.name} template does not end an assistant turn with "
+                                    f"{fmt.eos_text!r}, the token the model ended its answer with; the conversation "
+                                    "cannot be continued token-exactly: /reset after each answer, or use "
+                                    "--format hermes")
+        new = new[len(fmt.eos_text):]
+    return fmt.encode(new)
+
+
+@dataclass
+class Conversation:
+    """The chat so far, as the model saw it: `ids` are the last answer's prompt ids and response ids, so every
+    earlier question, turn, tool call and tool result, token for token ([] before the first question)."""
+
+    engine: Engine
+    sandbox: Sandbox
+    fmt: ChatFormat
+    opts: ChatOptions
+    renderer: Renderer | None = None
+    ids: list[int] = field(default_factory=list)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The prompt for the question `text`: the conversation so far continued by a user turn, or, first, the
+        format's prompt for the question alone."""
+        if not self.ids:
+            return self.fmt.render_prompt([user_message(self.fmt, text)])
+        return self.ids + next_question_ids(self.fmt, text, self.ids[-1] == self.fmt.eos_id)
+
+    async def ask(self, text: str) -> Trajectory:
+        """Answer `text` in the conversation and keep the answer in it. An answer the engine failed, or one that
+        is cancelled (Ctrl-C), leaves the conversation as it was before the question."""
+        prompt = self.prompt_ids(text)
+        context = self.engine.context_length
+        if len(prompt) >= context:
+            if self.ids:
+                raise ConversationError(f"the conversation has {len(prompt)} tokens of the model's {context}: "
+                                        "/reset to start over")
+            raise ConversationError(f"the question has {len(prompt)} tokens, more than the model's context of "
+                                    f"{context}: ask a shorter one")
+        traj = await answer(self.engine, self.sandbox, self.fmt, prompt, self.opts, self.renderer)
+        if traj.stop_reason != "engine_error":
+            self.ids = traj.prompt_ids + traj.response_ids
+        return traj
+
+    def reset(self) -> None:
+        """Forget the conversation: the next question starts a new one."""
+        self.ids = []
 
 
 async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json: bool, console: Console) -> int:
@@ -102,7 +189,10 @@ async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json:
     try:
         async with sandbox:
             renderer = None if as_json else Renderer(console, (fmt.eos_text,))
-            traj = await answer(engine, sandbox, fmt, [user_message(fmt, question)], opts, renderer)
+            traj = await Conversation(engine, sandbox, fmt, opts, renderer).ask(question)
+    except ConversationError as e:
+        console.print(Text(str(e), style="red"))
+        return 1
     finally:
         await engine.close()
     if as_json:
@@ -131,7 +221,7 @@ def _read_line(console: Console, loop: asyncio.AbstractEventLoop) -> asyncio.Fut
 async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> None:
     engine, fmt = build(opts, console)
     renderer = Renderer(console, (fmt.eos_text,))
-    messages: list[dict[str, Any]] = []
+    conversation = Conversation(engine, sandbox, fmt, opts, renderer)
     loop = asyncio.get_running_loop()
     current: dict[str, asyncio.Future | None] = {"answer": None, "input": None}
 
@@ -158,23 +248,22 @@ async def chat_loop(opts: ChatOptions, sandbox: Sandbox, console: Console) -> No
                 if line == "/exit":
                     break
                 if line == "/reset":
-                    messages = []
+                    conversation.reset()
                     console.print(Text("(conversation forgotten)", style="dim"))
                     continue
-                messages.append(user_message(fmt, line))
-                task = asyncio.ensure_future(answer(engine, sandbox, fmt, messages, opts, renderer))
+                task = asyncio.ensure_future(conversation.ask(line))
                 current["answer"] = task
                 try:
                     traj = await task
                 except asyncio.CancelledError:
-                    messages.pop()
                     console.print(Text("\n(stopped)", style="yellow"))
+                    continue
+                except ConversationError as e:
+                    console.print(Text(str(e), style="yellow"))
                     continue
                 finally:
                     current["answer"] = None
                 renderer.final(traj)
-                last = traj.turns[-1].text.replace(fmt.eos_text, "") if traj.turns else ""
-                messages.append({"role": "assistant", "content": last})
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await engine.close()

@@ -27,11 +27,13 @@ def test_one_shot_json_is_a_trajectory(smol):
     assert traj["num_tool_calls"] == len([c for t in traj["turns"] for c in t["tool_calls"]])
 
 
-def test_interactive_session_answers_resets_and_exits(smol):
-    p = run(["--max-tokens", "40"], stdin="What is 3*7?\n/reset\n/exit\n")
+def test_interactive_session_answers_twice_resets_and_exits(smol):
+    """Two questions in one conversation (the second continues the first's ids: tests/test_chat_history.py), then
+    /reset and /exit."""
+    p = run(["--max-tokens", "40"], stdin="What is 3*7?\nAnd 4*5?\n/reset\n/exit\n")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "you>" in p.stdout and "(conversation forgotten)" in p.stdout
-    assert "turns" in p.stdout and "<|im_end|>" not in p.stdout
+    assert p.stdout.count(" turns, ") == 2 and "<|im_end|>" not in p.stdout
 
 
 def test_unknown_hub_model_fails_with_a_clear_message():
