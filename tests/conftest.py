@@ -5,6 +5,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -262,6 +263,26 @@ class ScriptedEngine:
         self.seeds.append(sampling.seed)
 
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+
+class StreamingScriptedEngine(ScriptedEngine):
+    """The scripted engine, handing its ids on one token at a time (`delay` seconds apart), as a real engine
+    streams them; `last_token_at` is when it produced its last token."""
+
+    def __init__(self, tokenizer, texts, delay: float = 0.0):
+        super().__init__(tokenizer, texts)
+        self.delay, self.last_token_at = delay, 0.0
+
+    async def generate(self, prompt_ids, sampling, on_tokens=None):
+        from rstar2_agent.engines.base import Generation
+
+        ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        for i in ids:
+            await asyncio.sleep(self.delay)
+            if on_tokens is not None:
+                on_tokens([i], [0.0])
+        self.last_token_at = time.monotonic()
         return Generation(ids, [0.0] * len(ids), "stop")
 
 

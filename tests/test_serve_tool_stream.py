@@ -5,7 +5,6 @@ call's first argument fragment reaches the client while the model is still writi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -13,11 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from rstar2_agent.engines.base import Generation
 from rstar2_agent.paper_format import PAPER_SCHEMA
 from rstar2_agent.serve.app import ServeConfig, Server, create_app
 
-from conftest import ScriptedEngine, uvicorn_app
+from conftest import StreamingScriptedEngine, uvicorn_app
 
 REPLIES = json.loads((Path(__file__).parent / "data" / "replies.json").read_text())
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
@@ -26,24 +24,6 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "description
            {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
 TOOLS = {"weather": WEATHER, "python": [PAPER_SCHEMA]}
 CASES = [c for c in REPLIES if c["tools"] in TOOLS and len(c["turns"]) == 1]
-
-
-class StreamingScriptedEngine(ScriptedEngine):
-    """The scripted engine, handing its ids on one token at a time (`delay` seconds apart), as a real engine
-    streams them; `last_token_at` is when it produced its last token."""
-
-    def __init__(self, tokenizer, texts, delay: float = 0.0):
-        super().__init__(tokenizer, texts)
-        self.delay, self.last_token_at = delay, 0.0
-
-    async def generate(self, prompt_ids, sampling, on_tokens=None):
-        ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        for i in ids:
-            await asyncio.sleep(self.delay)
-            if on_tokens is not None:
-                on_tokens([i], [0.0])
-        self.last_token_at = time.monotonic()
-        return Generation(ids, [0.0] * len(ids), "stop")
 
 
 async def reassemble(stream) -> tuple[dict, str, list[tuple[float, dict]]]:
