@@ -110,38 +110,14 @@ class ConversationError(Exception):
     """The conversation cannot take the next question; the message says what to do."""
 
 
-# Stands for the assistant's content in the probe conversations of next_question_ids (no text a user writes has it).
-_ASSISTANT = "\x00rstar2-chat-assistant\x00"
-
-
-def _after_assistant(fmt: ChatFormat, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    """What the format's template renders after the probe assistant turn's content (through ChatFormat's own
-    renderer, as its tool_response_ids does for tool results)."""
-    text = fmt._apply(fmt.messages_for(messages), add_generation_prompt)
-    return text[text.index(_ASSISTANT) + len(_ASSISTANT):]
-
-
 def next_question_ids(fmt: ChatFormat, text: str, turn_ended_with_eos: bool) -> list[int]:
-    """The ids that continue a conversation after the assistant's last turn with the question `text`: the end of
-    that turn (left out where the model ended it with the format's end-of-turn token), the user turn as the
-    profile's template renders one after an assistant turn, and the generation prompt. Worked out from the format
-    itself, on a probe conversation rendered with and without the new user turn; only the new part is encoded, so
-    the conversation before it is never re-tokenized."""
-    before = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _ASSISTANT}]
-    turn_end = _after_assistant(fmt, before, add_generation_prompt=False)
-    new = _after_assistant(fmt, [*before, user_message(fmt, text)], add_generation_prompt=True)
-    if not new.startswith(turn_end):
-        raise ConversationError(f"the {fmt.protocol.name} template ends an assistant turn differently when a user "
-                                "turn follows; the conversation cannot be continued token-exactly: /reset after "
-                                "each answer, or use --format hermes")
-    if turn_ended_with_eos:
-        if not new.startswith(fmt.eos_text):
-            raise ConversationError(f"the {fmt.protocol.name} template does not end an assistant turn with "
-                                    f"{fmt.eos_text!r}, the token the model ended its answer with; the conversation "
-                                    "cannot be continued token-exactly: /reset after each answer, or use "
-                                    "--format hermes")
-        new = new[len(fmt.eos_text):]
-    return fmt.encode(new)
+    """The ids that continue the conversation with the question `text` (ChatFormat.user_turn_ids), or what to do
+    where the template cannot continue it token-exactly."""
+    try:
+        return fmt.user_turn_ids(text, turn_ended_with_eos)
+    except ValueError as e:
+        raise ConversationError(f"{e}; the conversation cannot be continued token-exactly: /reset after each answer, "
+                                "or use --format hermes") from e
 
 
 @dataclass

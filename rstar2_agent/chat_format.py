@@ -393,6 +393,26 @@ class ChatFormat:
             text = text[len(self.eos_text):]
         return self.encode(text)
 
+    def user_turn_ids(self, text: str, turn_ended_with_eos: bool) -> list[int]:
+        """The ids that continue a conversation after the assistant's last turn with the question `text` (a
+        multi-turn chat): the end of that turn (left out where the model ended it with the end-of-turn token), the
+        user turn as the template renders one after an assistant turn, and the generation prompt. Worked out on a
+        probe conversation rendered with and without the new user turn; only the new part is encoded, so the
+        conversation before it is never re-tokenized. ValueError where the template cannot be continued so."""
+        before = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _MARK_B}]
+        closed = self._apply(self.messages_for(before), False)
+        opened = self._apply(self.messages_for([*before, {"role": "user", "content": self.user_content(text)}]), True)
+        turn_end, new = (t[t.index(_MARK_B) + len(_MARK_B):] for t in (closed, opened))
+        if not new.startswith(turn_end):
+            raise ValueError(f"the {self.protocol.name} template ends an assistant turn differently when a user turn "
+                             "follows")
+        if turn_ended_with_eos:
+            if not new.startswith(self.eos_text):
+                raise ValueError(f"the {self.protocol.name} template does not end an assistant turn with "
+                                 f"{self.eos_text!r}, the token the model ended its answer with")
+            new = new[len(self.eos_text):]
+        return self.encode(new)
+
     def _template_results(self, results: list[str], turn_ended_with_eos: bool) -> str:
         """The model's template rendering `tool` messages after an assistant turn with calls, from the end of that
         turn to the next assistant header (the ids vLLM's chat endpoint would put there on the next request)."""
