@@ -21,6 +21,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings, kept in the output
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False  # generate max_tokens whatever the model says (benchmarks)
+    # a decoding constraint, engine-neutral: one key of vLLM's StructuredOutputsParams ("structural_tag", "grammar",
+    # "json", "regex", "choice") and its value (tool_constraints.py builds the tool_choice ones); only an engine with
+    # `constrains` takes it, the others raise EngineError
+    constraint: dict[str, Any] | None = None
 
 
 def call_seed(seed: int | None, call: int) -> int | None:
@@ -55,7 +59,8 @@ class Engine(abc.ABC):
     (with no KV size, a pool assumes max_batch full contexts); `endpoint`, the server of a remote engine;
     `probe()`, which a remote engine uses to learn its context length and KV capacity before the first request;
     `stats()`, load figures for /health; `streams`, whether `on_tokens` hears tokens as they are produced (a
-    watchdog can only judge progress where it does)."""
+    watchdog can only judge progress where it does); `constrains`, whether it honours `SamplingParams.constraint`
+    (guided decoding: vllm in this process; the others refuse a constraint with EngineError)."""
 
     name: str = "engine"
     tokenizer: Any
@@ -65,6 +70,7 @@ class Engine(abc.ABC):
     max_batch: int = 1
     endpoint: str | None = None
     streams: bool = True
+    constrains: bool = False
 
     async def probe(self) -> None:  # noqa: B027 - optional: local engines know their limits at construction
         pass

@@ -62,6 +62,10 @@ class HFEngine(Engine):
                        on_tokens: OnTokens | None = None) -> Generation:
         if not prompt_ids:
             raise EngineError("empty prompt")
+        if sampling.constraint is not None:
+            raise EngineError("the hf engine cannot constrain decoding (SamplingParams.constraint: tool_choice "
+                              '"required" or a named function): use the vllm engine (--engine vllm), or tool_choice '
+                              '"auto" with the call asked for in the prompt')
         if len(prompt_ids) >= self.context_length:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context ({self.context_length})")
         if self._queue is None:

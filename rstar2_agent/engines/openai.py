@@ -72,6 +72,10 @@ class OpenAIEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:
+        if sampling.constraint is not None:
+            raise EngineError(f"the openai engine (the server at {self.base}) cannot constrain decoding here "
+                              '(SamplingParams.constraint: tool_choice "required" or a named function): run the model '
+                              'in this process with the vllm engine (--engine vllm), or use tool_choice "auto"')
         if not self._probed:
             await self.probe()
         body: dict[str, Any] = {

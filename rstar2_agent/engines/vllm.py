@@ -5,10 +5,15 @@ most of the RAM: `kv_cache_gib`), bf16 is used where the CPU has it, and CUDA gr
 On a GPU vLLM takes `gpu_memory_utilization` of the whole device (weights, activations and KV cache) and refuses
 to start unless that much is free; beside a learner in this process (one GPU, one process) the default share is
 what the learner left free (`gpu_share`).
+
+It honours `SamplingParams.constraint` (`constrains`): vLLM's structured outputs (guided decoding, the xgrammar
+backend) mask each step's logits to what the constraint still allows, and allow the request's end-of-turn ids only
+where the constraint is complete (vllm/v1/structured_output: the request's stop ids override the matcher's).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
@@ -91,8 +96,29 @@ def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_
     return args
 
 
+CONSTRAINT_KEYS = ("structural_tag", "grammar", "json", "regex", "choice")  # StructuredOutputsParams' own fields
+
+
+def structured_outputs(constraint: dict[str, Any] | None) -> Any:
+    """`SamplingParams.constraint` as vLLM's `StructuredOutputsParams` (vllm/sampling_params.py), None for none.
+    One key of CONSTRAINT_KEYS; a structural tag given as a dict goes as its JSON text (the field is a string,
+    which vLLM's xgrammar backend parses with `compile_structural_tag`). Raises EngineError for any other shape."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    key, value = next(iter(constraint.items())) if isinstance(constraint, dict) and len(constraint) == 1 else ("", None)
+    if key not in CONSTRAINT_KEYS or value is None:
+        raise EngineError(f"a decoding constraint (SamplingParams.constraint) is one of {', '.join(CONSTRAINT_KEYS)} "
+                          f"with its value, e.g. {{'structural_tag': {{...}}}}; got {constraint!r:.200}")
+    if key == "structural_tag" and not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)
+    return StructuredOutputsParams(**{key: value})
+
+
 class VLLMEngine(Engine):
     name = "vllm"
+    constrains = True
 
     def __init__(self, model_path: str, *, context_length: int, kv_cache_gib: float = 2.0,
                  max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
@@ -182,7 +208,7 @@ class VLLMEngine(Engine):
             stop=sampling.stop or None, stop_token_ids=sampling.stop_token_ids or None,
             include_stop_str_in_output=True, skip_special_tokens=False, logprobs=0, ignore_eos=sampling.ignore_eos,
             detokenize=bool(sampling.stop),  # text is only needed to find stop strings; callers decode ids
-            output_kind=RequestOutputKind.DELTA)
+            output_kind=RequestOutputKind.DELTA, structured_outputs=structured_outputs(sampling.constraint))
         ids: list[int] = []
         logprobs: list[float] = []
         finish, stop_reason = None, None
@@ -200,7 +226,10 @@ class VLLMEngine(Engine):
                     on_tokens(new, new_lps)
                 finish, stop_reason = c.finish_reason or finish, c.stop_reason or stop_reason
         except Exception as e:  # noqa: BLE001
-            raise EngineError(f"vLLM failed: {type(e).__name__}: {e}") from e
+            hint = (" (vLLM refused the decoding constraint, SamplingParams.constraint: for tool_choice, check that "
+                    "each tool's parameters are a JSON Schema that xgrammar supports)"
+                    if sampling.constraint is not None and isinstance(e, ValueError) else "")
+            raise EngineError(f"vLLM failed: {type(e).__name__}: {e}{hint}") from e
         if len(logprobs) != len(ids):
             logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
         return Generation(ids, logprobs, "length" if finish == "length" else "stop",
