@@ -25,11 +25,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
-from rstar2_agent.chat_format import FORMATS, ChatFormat
+from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesProtocol
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
 from rstar2_agent.reply_stream import Delta, Reply, ReplyParser, parse_reply, reply_of, starts_in_reasoning
 from rstar2_agent.sandbox import Sandbox
+from rstar2_agent.tool_constraints import tool_call_constraint
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
 from .metrics import ServeMetrics
@@ -50,6 +51,12 @@ class ServeConfig:
     api_key: str | None = None
     stall_timeout: float | None = 300.0  # a request with no new token for this long is aborted (None: never)
     separate_reasoning: bool = True  # reasoning_content apart from content (a request's separate_reasoning wins)
+    # tool_choice "required"/named: tokens of free text (reasoning) allowed before the forced call; 0, as vLLM: the
+    # call comes first
+    forced_call_text_tokens: int = 0
+    max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id and GET (least recently used out)
+    max_containers: int = 16  # /v1/responses code_interpreter containers open at once (a sandbox session each)
+    container_idle_timeout: float = 1200.0  # seconds an unused container lives (OpenAI's containers: 20 minutes)
 
 
 class Server:
@@ -89,6 +96,14 @@ class Server:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed,
                               max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
 
+    def check_forced_call(self, req: ChatRequest) -> None:
+        """tool_choice "required" or named is enforced by guided decoding: only an engine that constrains its
+        decoding (vllm in this process) can; any other refuses the request by name."""
+        if req.forces_call() and not self.engine.constrains:
+            raise OpenAIError(400, f"tool_choice {json.dumps(req.tool_choice)} needs guided decoding, which the "
+                              f"{self.engine.name} engine does not do: serve with --engine vllm, or send "
+                              'tool_choice "auto" and ask for the call in the prompt', "tool_choice")
+
     def format_for(self, req: ChatRequest) -> ChatFormat:
         """The request's format profile, else the server's; client tools are rendered and parsed as Hermes calls
         (the markdown profile has no way to declare them; the release's profile is Hermes-shaped already)."""
@@ -102,9 +117,11 @@ class Server:
                            tool_timeout=req.tool_timeout or self.cfg.tool_timeout,
                            sampling=self.sampling(req, index, budget))
 
-    async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None) -> Trajectory:
+    async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
+                       sandbox: Sandbox | None = None) -> Trajectory:
+        """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container)."""
         async with self.gate:
-            traj = await run_agent(req.messages, self.engine, self.sandbox, self.format_for(req),
+            traj = await run_agent(req.messages, self.engine, sandbox or self.sandbox, self.format_for(req),
                                    self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
         self.metrics.observe_trajectory(traj)
         if traj.stop_reason == "engine_error":
@@ -148,9 +165,12 @@ class Server:
 
         decoder = StreamDecoder(fmt, lambda kind, text: take(parser.feed(text.replace(fmt.eos_text, "")))) \
             if on_deltas is not None else None
+        constraint = tool_call_constraint(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                          text_tokens=self.cfg.forced_call_text_tokens,
+                                          max_calls=HermesProtocol.max_calls_per_turn) if req.forces_call() else None
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
-                                 stop_token_ids=fmt.stop_token_ids)
+                                 stop_token_ids=fmt.stop_token_ids, constraint=constraint)
         async with self.gate:
             gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
@@ -269,8 +289,9 @@ class AuthAndCount:
         try:
             await self.app(scope, receive, counted_send)
         finally:
-            m.requests.labels(path, status[0]).inc()
-            m.latency.labels(path).observe(time.monotonic() - t0)
+            route = getattr(scope.get("route"), "path", path)  # /v1/responses/{response_id}: one label, not one per id
+            m.requests.labels(route, status[0]).inc()
+            m.latency.labels(route).observe(time.monotonic() - t0)
 
 
 def create_app(server: Server, *, manage: bool = True) -> FastAPI:
@@ -328,6 +349,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
+        server.check_forced_call(req)
         prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")

@@ -320,14 +320,9 @@ class ChatRequest(_Request):
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, choice: Any) -> Any:
-        fn = choice.get("function") if isinstance(choice, dict) else None
-        named = isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str)
-        if choice == "required" or named:
-            what = '"required"' if choice == "required" else "naming a function"
-            raise InvalidField("tool_choice", f"tool_choice {what} is not supported: a call cannot be forced "
-                               '(there is no guided decoding); use "auto" and ask for the call in the prompt')
-        if choice not in (None, "none", "auto"):
-            raise InvalidField("tool_choice", f'tool_choice must be "none" or "auto"; got {choice!r}')
+        if forced_name(choice) is None and choice not in (None, "none", "auto", "required"):
+            raise InvalidField("tool_choice", 'tool_choice must be "none", "auto", "required" or '
+                               f'{{"type": "function", "function": {{"name": "..."}}}}; got {choice!r}')
         return choice
 
     @model_validator(mode="after")
@@ -335,6 +330,10 @@ class ChatRequest(_Request):
         names = [t["function"]["name"] for t in self.tools or []]
         if self.tool_choice not in (None, "none") and not names:
             raise InvalidField("tool_choice", "tool_choice needs tools: send the functions it chooses from in tools")
+        named = forced_name(self.tool_choice)
+        if named is not None and named not in names:
+            raise InvalidField("tool_choice.function.name", f"tool_choice names {named!r}, which is not in tools "
+                               f"({', '.join(names)}): name one of them")
         if self.top_logprobs:
             raise InvalidField("top_logprobs", "top_logprobs is not supported: only the sampled token's logprob "
                                                "is returned; leave it at 0")
@@ -345,6 +344,10 @@ class ChatRequest(_Request):
 
     def budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def forces_call(self) -> bool:
+        """tool_choice "required" or naming a function: the call must come (guided decoding enforces it)."""
+        return self.tool_choice == "required" or forced_name(self.tool_choice) is not None
 
     def budget_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
@@ -383,6 +386,14 @@ class CompletionRequest(_Request):
             raise InvalidField("echo", "echo is not supported: the prompt is not returned with the completion; "
                                        "prepend it yourself")
         return self
+
+
+def forced_name(choice: Any) -> str | None:
+    """The function an OpenAI named tool choice names ({"type": "function", "function": {"name": ...}}), else None."""
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str):
+        return fn["name"]
+    return None
 
 
 def new_id(prefix: str) -> str:

@@ -98,6 +98,8 @@ BAD_CHAT = [
     (chat(tools=[WEATHER], tool_choice="required"), "tool_choice"),
     (chat(tools=[WEATHER], tool_choice="always"), "tool_choice"),
     (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
+    (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_time"}}),
+     "tool_choice.function.name"),
     (chat(tool_choice="auto"), "tool_choice"),  # no tools to choose from
     (chat(tools=[fn(parameters={"type": "string"})]), "tools[0].function.parameters"),
     (chat(parallel_tool_calls="no"), "parallel_tool_calls"),
@@ -182,7 +184,7 @@ async def test_the_openai_client_reads_the_error(url):
     with pytest.raises(openai.BadRequestError) as e:
         await client.chat.completions.create(model="smollm2-135m", messages=[USER], tools=[WEATHER],
                                              tool_choice="required")
-    assert e.value.param == "tool_choice" and "not supported" in e.value.message
+    assert e.value.param == "tool_choice" and "needs guided decoding" in e.value.message and "vllm" in e.value.message
 
 
 @slow

@@ -128,3 +128,27 @@ async def test_the_server_loop_splits_reasoning_or_keeps_the_raw_text_with_a_scr
         assert msg.content.endswith("</reason>\n<answer>\\boxed{42}</answer>")
         assert streamed["reasoning"] is None and streamed["content"].startswith("Compute.</reason>")
     assert finish == "stop"
+
+
+@pytest.mark.slow
+async def test_tool_choice_forces_the_call_on_the_in_process_vllm_engine(vllm_engine, sandbox):
+    """tool_choice naming a function, and "required" without parallel calls, through the official client: vLLM's
+    structured outputs make SmolLM2 write the call (with "auto" it writes none); streamed, the same greedy call."""
+    server = Server(vllm_engine, sandbox, ServeConfig(model_name="m", format="hermes"))
+    async with uvicorn_app(create_app(server, manage=False)) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        kw = dict(model="m", messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=WEATHER,
+                  temperature=0.0, max_tokens=48)
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        r = await client.chat.completions.create(**kw, tool_choice=named)
+        [call] = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
+        streamed, finish, _ = await reassemble(await client.chat.completions.create(**kw, tool_choice=named,
+                                                                                    stream=True))
+        assert finish == "tool_calls" and without_ids(streamed) == without_ids(non_streamed(r.choices[0].message))
+        required = await client.chat.completions.create(**kw, tool_choice="required", parallel_tool_calls=False)
+        assert [c.function.name in ("get_weather", "add") for c in required.choices[0].message.tool_calls] == [True]
+        auto = await client.chat.completions.create(**kw, tool_choice="auto")
+        assert auto.choices[0].message.tool_calls is None  # the control: unforced, SmolLM2 writes no call
+        await client.close()

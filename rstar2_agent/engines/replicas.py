@@ -75,6 +75,7 @@ class ReplicaPool(Engine):
             raise EngineError(f"unknown replica policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.engines = list(engines)
         self.streams = all(getattr(e, "streams", True) for e in engines)
+        self.constrains = all(getattr(e, "constrains", False) for e in engines)
         self.tokenizer = engines[0].tokenizer
         self.model_path = engines[0].model_path
         self.reserve_quantile = reserve_quantile

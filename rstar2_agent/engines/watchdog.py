@@ -38,6 +38,7 @@ class ProgressWatch(Engine):
                  poll: float = 1.0):
         self.inner, self.stall_timeout, self.on_stall, self.poll = inner, stall_timeout, on_stall, poll
         self.streams = getattr(inner, "streams", True)
+        self.constrains = getattr(inner, "constrains", False)
         self.tokenizer, self.name = inner.tokenizer, getattr(inner, "name", "engine")
         self.model_path = getattr(inner, "model_path", None)
         self.context_length = inner.context_length
