@@ -156,6 +156,35 @@ def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> Non
                   f"(median over {n} requests)")
 
 
+@bench_group.command("tool-stream")
+@click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(16), default=96, show_default=True)
+def tool_stream_bench_cmd(model, rounds, max_tokens) -> None:
+    """Streamed tool calls: the reply parser's cost per token against the bare decoder, and the time to a forced
+    call's first argument fragment against the whole non-streamed response (rstar2 serve, vllm engine)."""
+    import statistics
+
+    from rich.console import Console
+
+    from rstar2_agent.models import resolve_model
+
+    from .tool_stream import run
+
+    console = Console()
+    with console.status("the parser in this process, then rstar2 serve --engine vllm ..."):
+        cost, lat = run(resolve_model(model).path, rounds, max_tokens)
+    console.print(f"reply parser: {cost.tokens} tokens streamed one by one; decoder alone "
+                  f"{cost.baseline_us_per_token:.1f} us/token, decoder + parser {cost.parsed_us_per_token:.1f} "
+                  f"us/token: {statistics.median(cost.ratios):.2f}x (per round: "
+                  f"{', '.join(f'{r:.2f}' for r in cost.ratios)})")
+    first, total, whole = (statistics.median(x) for x in (lat.streamed_first_argument_s, lat.streamed_total_s,
+                                                           lat.non_streamed_s))
+    console.print(f"forced call, {lat.tokens} tokens, median of {rounds}: first argument fragment at "
+                  f"{first * 1000:.0f} ms streamed; whole response {whole * 1000:.0f} ms non-streamed "
+                  f"({first / whole:.2f} of it); the stream ends at {total * 1000:.0f} ms ({total / whole:.2f}x)")
+
+
 @bench_group.command("eval")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)

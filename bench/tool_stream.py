@@ -105,3 +105,29 @@ async def first_argument_latency(url: str, model: str, tools: list[dict[str, Any
     finally:
         await client.close()
     return out
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {
+        "type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}]
+
+
+def run(model_path: str, rounds: int = 3, max_tokens: int = 96) -> tuple[ParserCost, ArgumentLatency]:
+    """The parser's cost in this process; then `rstar2 serve --engine vllm` started as a user starts it, and the
+    first argument latency against it."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from .serve import _port, running
+
+    cost = parser_cost(AutoTokenizer.from_pretrained(model_path), rounds=max(rounds, 5))
+    port = _port()
+    argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--engine", "vllm", "--model", model_path,
+            "--served-model-name", "m", "--port", str(port), "--format", "hermes"]
+    with running(argv, port) as url:
+        latency = asyncio.run(first_argument_latency(url, "m", WEATHER, rounds, max_tokens))
+    return cost, latency

@@ -96,13 +96,22 @@ class Server:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed,
                               max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
 
-    def check_forced_call(self, req: ChatRequest) -> None:
-        """tool_choice "required" or named is enforced by guided decoding: only an engine that constrains its
-        decoding (vllm in this process) can; any other refuses the request by name."""
-        if req.forces_call() and not self.engine.constrains:
+    def forced_call(self, req: ChatRequest) -> dict[str, Any] | None:
+        """The decoding constraint of tool_choice "required" or named (None for "auto" and "none"): guided
+        decoding, which only an engine that constrains its decoding (vllm in this process) does; any other refuses
+        the request by name, and so does a tool whose schema cannot constrain decoding."""
+        if not req.forces_call():
+            return None
+        if not self.engine.constrains:
             raise OpenAIError(400, f"tool_choice {json.dumps(req.tool_choice)} needs guided decoding, which the "
                               f"{self.engine.name} engine does not do: serve with --engine vllm, or send "
                               'tool_choice "auto" and ask for the call in the prompt', "tool_choice")
+        try:
+            return tool_call_constraint(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                        text_tokens=self.cfg.forced_call_text_tokens,
+                                        max_calls=HermesProtocol.max_calls_per_turn)
+        except ValueError as e:
+            raise OpenAIError(400, str(e), "tool_choice") from e
 
     def format_for(self, req: ChatRequest) -> ChatFormat:
         """The request's format profile, else the server's; client tools are rendered and parsed as Hermes calls
@@ -165,12 +174,9 @@ class Server:
 
         decoder = StreamDecoder(fmt, lambda kind, text: take(parser.feed(text.replace(fmt.eos_text, "")))) \
             if on_deltas is not None else None
-        constraint = tool_call_constraint(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                          text_tokens=self.cfg.forced_call_text_tokens,
-                                          max_calls=HermesProtocol.max_calls_per_turn) if req.forces_call() else None
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
-                                 stop_token_ids=fmt.stop_token_ids, constraint=constraint)
+                                 stop_token_ids=fmt.stop_token_ids, constraint=self.forced_call(req))
         async with self.gate:
             gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
@@ -349,7 +355,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
-        server.check_forced_call(req)
+        server.forced_call(req)  # refused before anything runs
         prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
