@@ -331,6 +331,9 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         return JSONResponse(err.body(), status_code=err.status)
 
     app.add_middleware(AuthAndCount, server=server)
+    from .responses import add_responses_routes  # here: responses.py imports this module
+
+    add_responses_routes(app, server)
 
     @app.get("/health")
     async def health() -> JSONResponse:
