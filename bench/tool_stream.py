@@ -78,8 +78,11 @@ class ArgumentLatency:
 async def first_argument_latency(url: str, model: str, tools: list[dict[str, Any]], rounds: int = 3,
                                  max_tokens: int = 96) -> ArgumentLatency:
     """Against a running `rstar2 serve` whose engine constrains decoding (vllm)."""
+    import logging
+
     import openai
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
     name = tools[0]["function"]["name"]
     kw = dict(model=model, messages=[{"role": "user", "content": "Look up the weather in Paris."}], tools=tools,
