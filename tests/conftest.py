@@ -249,18 +249,24 @@ def count_prompt(tokenizer) -> list[int]:
 class ScriptedEngine:
     """A fake engine: answers each generate() with the next scripted text (SmolLM2's tokenizer) and the end of
     turn, so the real agent loop, chat format, parser and sandbox run on known model output (SmolLM2 does not
-    write these calls by itself). `seeds`: the sampling seed of every call, in order."""
+    write these calls by itself). `seeds` and `prompts`: the sampling seed and the prompt ids of every call, in
+    order."""
 
-    name, context_length, model_path = "scripted", 8192, "scripted"
+    name, model_path = "scripted", "scripted"
 
-    def __init__(self, tokenizer, texts: list[str]):
-        self.tokenizer, self.texts = tokenizer, list(texts)
+    def __init__(self, tokenizer, texts: list[str], context_length: int = 8192):
+        self.tokenizer, self.texts, self.context_length = tokenizer, list(texts), context_length
         self.seeds: list[int | None] = []
+        self.prompts: list[list[int]] = []
+
+    def prompt_text(self, k: int) -> str:
+        return self.tokenizer.decode(self.prompts[k])
 
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         from rstar2_agent.engines.base import Generation
 
         self.seeds.append(sampling.seed)
+        self.prompts.append(list(prompt_ids))
 
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
         return Generation(ids, [0.0] * len(ids), "stop")
@@ -277,6 +283,8 @@ class StreamingScriptedEngine(ScriptedEngine):
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         from rstar2_agent.engines.base import Generation
 
+        self.seeds.append(sampling.seed)
+        self.prompts.append(list(prompt_ids))
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
         for i in ids:
             await asyncio.sleep(self.delay)

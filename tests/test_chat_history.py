@@ -25,21 +25,8 @@ CALL = f'<tool_call>\n{json.dumps({"name": STATELESS_TOOL, "arguments": {"code":
     "\n</tool_call>"
 
 
-class RecordingEngine(ScriptedEngine):
-    """The scripted engine, keeping the prompt ids of every generate()."""
-
-    def __init__(self, tokenizer, texts: list[str], context_length: int = 8192):
-        super().__init__(tokenizer, texts)
-        self.context_length = context_length
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, prompt_ids, sampling, on_tokens=None):
-        self.prompts.append(list(prompt_ids))
-        return await super().generate(prompt_ids, sampling, on_tokens)
-
-
-def conversation(tokenizer, sandbox, profile: str, texts: list[str], **kw) -> tuple[Conversation, RecordingEngine]:
-    engine = RecordingEngine(tokenizer, texts, **kw)
+def conversation(tokenizer, sandbox, profile: str, texts: list[str], **kw) -> tuple[Conversation, ScriptedEngine]:
+    engine = ScriptedEngine(tokenizer, texts, **kw)
     return Conversation(engine, sandbox, ChatFormat(tokenizer, profile), OPTS), engine
 
 
@@ -133,7 +120,7 @@ async def test_a_conversation_past_the_context_says_so_and_stays_as_it_was(smol_
         await Conversation(engine, sandbox, chat.fmt, OPTS).ask(FIRST)
 
 
-class HangingEngine(RecordingEngine):
+class HangingEngine(ScriptedEngine):
     """Never answers (an answer the user stops with Ctrl-C)."""
 
     async def generate(self, prompt_ids, sampling, on_tokens=None):
@@ -141,7 +128,7 @@ class HangingEngine(RecordingEngine):
         await asyncio.Event().wait()
 
 
-class FailingEngine(RecordingEngine):
+class FailingEngine(ScriptedEngine):
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         raise EngineError("the server went away")
 

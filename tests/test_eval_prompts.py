@@ -19,18 +19,8 @@ from conftest import ScriptedEngine
 INSTRUCTION = "This is the problem:"
 
 
-class RecordingEngine(ScriptedEngine):
-    def __init__(self, tokenizer, texts):
-        super().__init__(tokenizer, texts)
-        self.prompts: list[str] = []
-
-    async def generate(self, prompt_ids, sampling, on_tokens=None):
-        self.prompts.append(self.tokenizer.decode(prompt_ids))
-        return await super().generate(prompt_ids, sampling, on_tokens)
-
-
-def context(tokenizer, bench, profile: str, grader=None) -> tuple[Context, RecordingEngine]:
-    engine = RecordingEngine(tokenizer, ["<reason>ok</reason><answer>\\boxed{5}</answer>"])
+def context(tokenizer, bench, profile: str, grader=None) -> tuple[Context, ScriptedEngine]:
+    engine = ScriptedEngine(tokenizer, ["<reason>ok</reason><answer>\\boxed{5}</answer>"])
     cfg = EvalConfig(use_tools=False).resolve(bench.defaults)
     agent = make_agent(cfg, engine, ChatFormat(tokenizer, profile), sandbox=None)
     return Context(agent=agent, math_grader=grader, seed=0), engine
@@ -43,7 +33,7 @@ async def test_ifeval_goes_without_the_math_instruction_and_math_keeps_it(smol_t
     question = "Write a haiku about rain. Do not use any commas."
     await ifeval.run(Problem("1", question, '["punctuation:no_comma"]',
                              {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}), 0, ctx)
-    (seen,) = engine.prompts
+    (seen,) = [engine.prompt_text(k) for k in range(len(engine.prompts))]
     assert f"<|im_start|>user\n{question}<|im_end|>" in seen and INSTRUCTION not in seen
     assert seen.endswith("<|im_start|>assistant\n<reason>")  # the model's own generation prompt stays
     if profile == "rstar2-paper":
@@ -57,7 +47,7 @@ async def test_ifeval_goes_without_the_math_instruction_and_math_keeps_it(smol_t
     finally:
         grader.close()
     assert outcome.correct
-    (seen,) = engine.prompts
+    (seen,) = [engine.prompt_text(k) for k in range(len(engine.prompts))]
     assert f"<|im_start|>user\n{PROBLEM_PREFIX}What is 2 + 3?<|im_end|>" in seen
 
 

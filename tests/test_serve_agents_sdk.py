@@ -16,16 +16,6 @@ from conftest import uvicorn_app
 agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents) comes with `make install`")
 
 
-class RecordingEngine(StreamingScriptedEngine):
-    def __init__(self, tokenizer, texts):
-        super().__init__(tokenizer, texts)
-        self.prompts: list[str] = []
-
-    async def generate(self, prompt_ids, sampling, on_tokens=None):
-        self.prompts.append(self.tokenizer.decode(prompt_ids))
-        return await super().generate(prompt_ids, sampling, on_tokens)
-
-
 async def test_the_agents_sdk_runs_a_client_tool_through_streamed_chat_completions_with_a_scripted_engine(
         smol_tokenizer, sandbox):
     agents.set_tracing_disabled(True)  # nothing leaves the machine
@@ -40,7 +30,7 @@ async def test_the_agents_sdk_runs_a_client_tool_through_streamed_chat_completio
     replies = ["<think>The user wants the weather.</think>\n<tool_call>\n"
                "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
                "It is sunny and 21 C in Paris."]
-    engine = RecordingEngine(smol_tokenizer, replies)
+    engine = StreamingScriptedEngine(smol_tokenizer, replies)
     server = Server(engine, sandbox, ServeConfig(model_name="m", format="hermes"))
     async with uvicorn_app(create_app(server, manage=False)) as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -53,5 +43,5 @@ async def test_the_agents_sdk_runs_a_client_tool_through_streamed_chat_completio
     assert asked == ["Paris"]  # the SDK dispatched the call it read from the streamed deltas
     assert run.final_output == "It is sunny and 21 C in Paris."
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
-    assert "sunny, 21 C in Paris" in engine.prompts[1]  # the tool's result went back to the model
-    assert "<tool_call>" in engine.prompts[1] and "get_weather" in engine.prompts[0]  # and the call it made
+    assert "sunny, 21 C in Paris" in engine.prompt_text(1)  # the tool's result went back to the model
+    assert "<tool_call>" in engine.prompt_text(1) and "get_weather" in engine.prompt_text(0)  # and the call it made
