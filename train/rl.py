@@ -139,6 +139,11 @@ class RLConfig:
     rollout_engine: str = "hf"
     engine_options: dict[str, Any] = field(default_factory=dict)
     ray: RayConfig = field(default_factory=RayConfig)
+    # where the learner and the rollout engines sit on the GPUs: separate (each on GPUs of its own), or colocated (the
+    # same GPUs, as verl's hybrid engine: the engines asleep during the update, the new weights pushed in place;
+    # synchronous steps only). learner/colocated.py
+    placement: str = "separate"
+    sleep_level: int = 1  # colocated: vLLM's sleep level for the update (1: weights to host memory, KV cache dropped)
 
     @property
     def rollouts_per_prompt(self) -> int:
@@ -154,6 +159,24 @@ def check_staleness(cfg: RLConfig) -> None:
         raise ValueError("max_staleness >= 1 and partial_rollouts need a rollout engine with its own weights: the hf "
                          "engine in this process shares the learner's model, which the update changes under it. Set "
                          "rollout_engine: vllm (or distributed: ray)")
+
+
+PLACEMENTS = ("separate", "colocated")
+
+
+def check_placement(cfg: RLConfig) -> None:
+    if cfg.placement not in PLACEMENTS:
+        raise ValueError(f"placement must be {' or '.join(PLACEMENTS)}, not {cfg.placement!r}")
+    if cfg.placement != "colocated":
+        return
+    if cfg.max_staleness or cfg.partial_rollouts:
+        raise ValueError("placement: colocated runs synchronous steps (the engines sleep while the learner updates on "
+                         "the same GPUs, so no rollout can run beside the update): set max_staleness: 0 and "
+                         "partial_rollouts: false, or use placement: separate (the learner and the engines on GPUs of "
+                         "their own) for bounded staleness")
+    if cfg.sleep_level not in (1, 2):
+        raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
+                         f"not {cfg.sleep_level!r}")
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
@@ -197,6 +220,7 @@ class RLRun:
             check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
         check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
         check_staleness(cfg)
+        check_placement(cfg)
         update_config(cfg, 0)  # the update's fields are checked before anything loads
         check_micro_batch_tokens(cfg)
         if cfg.rollout_correction == "auto":
