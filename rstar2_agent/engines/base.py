@@ -83,6 +83,16 @@ class Engine(abc.ABC):
                        on_tokens: OnTokens | None = None) -> Generation:
         """Generate one continuation. `on_tokens` receives new ids and logprobs as produced (streaming)."""
 
+    async def sleep(self, level: int = 1) -> None:
+        """Free the accelerator memory the engine holds between generations, for a learner on the same GPU (the
+        colocated placement): level 1 keeps the weights in host memory and drops the KV cache, level 2 drops both
+        (the next push brings the weights). No generation may be in flight."""
+        raise EngineError(f"the {self.name} engine cannot sleep: a colocated placement needs the vllm or hf engine")
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Back from `sleep`: `["weights"]` (what a push writes into), then `["kv_cache"]`; None: both."""
+        raise EngineError(f"the {self.name} engine cannot sleep: a colocated placement needs the vllm or hf engine")
+
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Swap in new weights (the trainer calls this after each update)."""
         raise NotImplementedError(f"the {self.name} engine cannot load new weights")

@@ -57,6 +57,23 @@ class HFEngine(Engine):
         self._weights_lock = threading.Lock()
         self.batches = 0  # how many batches ran (tests and the bench read it)
 
+    # ------------------------------------------------------------------ colocation
+    async def sleep(self, level: int = 1) -> None:
+        """On a GPU the model moves to host memory (both levels: the hf engine has no KV cache to drop, and dropping
+        its weights would need a push of all of them to wake); on the CPU nothing moves."""
+        if self.device.type != "cpu":
+            await asyncio.to_thread(self._move, torch.device("cpu"))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        if self.device.type != "cpu" and (tags is None or "weights" in tags):
+            await asyncio.to_thread(self._move, self.device)
+
+    def _move(self, device: torch.device) -> None:
+        with self._weights_lock:
+            self.model.to(device)
+        if device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------------ async side
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_tokens: OnTokens | None = None) -> Generation:

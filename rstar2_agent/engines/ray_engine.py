@@ -62,6 +62,14 @@ class EngineActor:
         await self.engine.load_weights(state_dict)
         return len(state_dict)
 
+    async def sleep(self, level: int) -> None:
+        assert self.engine is not None
+        await self.engine.sleep(level)
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        assert self.engine is not None
+        await self.engine.wake_up(tags)
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -225,6 +233,12 @@ class RayEngine(Engine):
             await asyncio.wait_for(self.actor.pid.remote(), timeout_s)
         except (TimeoutError, ray.exceptions.RayActorError) as e:
             await self.replace(incarnation, e)
+
+    async def sleep(self, level: int = 1) -> None:
+        await self._call("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self._call("wake_up", tags)
 
     async def pid(self) -> int:
         """The actor's process id (the fault tests kill it)."""

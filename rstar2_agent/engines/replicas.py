@@ -185,5 +185,11 @@ class ReplicaPool(Engine):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         await asyncio.gather(*(e.load_weights(state_dict) for e in self.engines))
 
+    async def sleep(self, level: int = 1) -> None:
+        await asyncio.gather(*(e.sleep(level) for e in self.engines))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await asyncio.gather(*(e.wake_up(tags) for e in self.engines))
+
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines))

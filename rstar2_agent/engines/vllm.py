@@ -124,7 +124,7 @@ class VLLMEngine(Engine):
                  max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                  dtype: str = "auto", gpu_memory_utilization: float | None = None, seed: int = 0,
                  enforce_eager: bool | None = None, max_num_batched_tokens: int | None = None,
-                 max_message_mb: float = 2048.0, weight_transfer: str = "auto"):
+                 max_message_mb: float = 2048.0, weight_transfer: str = "auto", sleep_mode: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         import torch
         from transformers import AutoTokenizer
@@ -144,6 +144,10 @@ class VLLMEngine(Engine):
                            data_parallel_size=data_parallel_size, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                            max_num_batched_tokens=max_num_batched_tokens, weight_transfer=weight_transfer,
                            gpu_memory_utilization=gpu_share(gpu_memory_utilization, *_gpu_memory()) if on_gpu else None)
+        # vLLM's sleep mode (a colocated learner): on a GPU only, where its cumem allocator can release the memory
+        self.sleep_mode, self._warned_sleep = sleep_mode and on_gpu, False
+        if self.sleep_mode:
+            args["enable_sleep_mode"] = True
         self.weight_transfer = "nccl" if "weight_transfer_config" in args else None
         self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
@@ -234,6 +238,27 @@ class VLLMEngine(Engine):
             logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
         return Generation(ids, logprobs, "length" if finish == "length" else "stop",
                           stop_reason if isinstance(stop_reason, str) else None)
+
+    async def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (the engine is built with enable_sleep_mode on a GPU, `sleep_mode`): level 1 offloads
+        the weights to host memory and drops the KV cache, level 2 drops both. vLLM's CPU build has no sleep mode:
+        there nothing is freed (a warning, once), so the colocated control flow still runs on a CPU."""
+        if self.sleep_mode:
+            await self.engine.sleep(level)
+        else:
+            self._no_sleep()
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        if self.sleep_mode:
+            await self.engine.wake_up(tags)
+        else:
+            self._no_sleep()
+
+    def _no_sleep(self) -> None:
+        if not self._warned_sleep:
+            log.warning("the vllm engine has no sleep mode here (vLLM's CPU build, or built without sleep_mode): it "
+                        "stays awake and keeps its memory while the learner updates")
+            self._warned_sleep = True
 
     async def load_weights(self, state_dict: dict[str, Any], *, max_message_bytes: int | None = None) -> None:
         """The state dict into every worker, in messages of whole layers under the cap (weight_chunks.py)."""

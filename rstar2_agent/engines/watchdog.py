@@ -118,6 +118,12 @@ class ProgressWatch(Engine):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         await self.inner.load_weights(state_dict)
 
+    async def sleep(self, level: int = 1) -> None:
+        await self.inner.sleep(level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.inner.wake_up(tags)
+
     async def close(self) -> None:
         if hasattr(self.inner, "close"):
             await self.inner.close()
