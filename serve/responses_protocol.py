@@ -82,14 +82,13 @@ class ResponsesRequest(BaseModel):
             log.warning("ignored /v1/responses fields this server does not know: %s", ", ".join(unknown))
         return body
 
-    @field_validator("input")
+    @field_validator("input", mode="before")
     @classmethod
-    def _input(cls, items: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(items, list):
-            if not items:
-                raise InvalidField("input", f"input must be a string or a non-empty list of items such as {_MESSAGE}")
-            for i, item in enumerate(items):
-                check_item(item, f"input[{i}]")
+    def _input(cls, items: Any) -> Any:
+        if not isinstance(items, str) and not (isinstance(items, list) and items):
+            raise InvalidField("input", f"input must be a string or a non-empty list of items such as {_MESSAGE}")
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            check_item(item, f"input[{i}]")
         return items
 
     @field_validator("tools")

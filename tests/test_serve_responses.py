@@ -131,6 +131,7 @@ async def test_scripted_engine_container_state_across_previous_response_id(smol_
     and by naming the container. rstar2-paper: every call is the stateless tool the model was trained with."""
     engine = Script(smol_tokenizer, ["Set it.\n" + call("x = 41"), "Done.", "Add one.\n" + call("print(x + 1)"),
                                      "That is it.", "Again.\n" + call("print(x)"), "Same."])
+    sessions = (await sandbox.stats())["sessions"]
     async with serving(engine, sandbox, fmt) as (client, _):
         first = await client.responses.create(model=MODEL, input="Set x to 41.", tools=CODE)
         chained = await client.responses.create(model=MODEL, input="Print x + 1.", tools=CODE,
@@ -138,6 +139,7 @@ async def test_scripted_engine_container_state_across_previous_response_id(smol_
         box = code_run(first).container_id
         named = await client.responses.create(model=MODEL, input="Print x.", tools=[
             {"type": "code_interpreter", "container": box}])
+    assert (await sandbox.stats())["sessions"] == sessions  # the server's shutdown closed its container
     runs = [code_run(r) for r in (first, chained, named)]
     assert runs[0].status == "completed" and runs[0].outputs[0].logs == ""
     assert second in runs[1].outputs[0].logs and runs[1].status == ("completed" if fmt == "hermes" else "failed")
