@@ -34,16 +34,16 @@ def call(code: str, name: str = STATELESS_TOOL) -> str:
 
 
 class Script(ScriptedEngine):
-    """The scripted engine, streaming its tokens and cut off at the request's max_tokens, recording each request."""
+    """The scripted engine, streaming its tokens and cut off at the request's max_tokens; `sampling`: each request's
+    sampling parameters (the prompts: `prompt_text(k)`)."""
 
     def __init__(self, tokenizer, texts: list[str], delay: float = 0.0):
         super().__init__(tokenizer, texts)
-        self.prompts: list[str] = []
         self.sampling: list = []
         self.delay, self.cancelled = delay, False
 
     async def generate(self, prompt_ids, sampling, on_tokens=None):
-        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        self.prompts.append(list(prompt_ids))
         self.sampling.append(sampling)
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
         finish = "length" if len(ids) > sampling.max_tokens else "stop"
@@ -98,7 +98,7 @@ async def test_scripted_engine_code_interpreter_runs_on_the_real_sandbox(smol_to
     assert ext["answer"] == "1024" and ext["num_tool_calls"] == 1 and ext["stop_reason"] == "answer"
     assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0 and r.usage.total_tokens == \
         r.usage.input_tokens + r.usage.output_tokens
-    assert "1024\n" in engine.prompts[1]  # the tool response went back to the model
+    assert "1024\n" in engine.prompt_text(1)  # the tool response went back to the model
 
 
 async def test_scripted_engine_stream_adds_up_to_what_create_returns(smol_tokenizer, sandbox):
@@ -143,13 +143,13 @@ async def test_scripted_engine_container_state_across_previous_response_id(smol_
     runs = [code_run(r) for r in (first, chained, named)]
     assert runs[0].status == "completed" and runs[0].outputs[0].logs == ""
     assert second in runs[1].outputs[0].logs and runs[1].status == ("completed" if fmt == "hermes" else "failed")
-    assert "Set x to 41." in engine.prompts[2] and "x = 41" in engine.prompts[2]  # the conversation continues
+    assert "Set x to 41." in engine.prompt_text(2) and "x = 41" in engine.prompt_text(2)  # the conversation continues
     texts = [p.text for r in (first, chained, named) for i in r.output if i.type != "code_interpreter_call"
              for p in i.content]
     assert texts and not any("<tool_call>" in t for t in texts)  # each call is its code_interpreter_call item
     if fmt == "hermes":
         assert runs[1].container_id == runs[2].container_id == box and runs[2].outputs[0].logs == "41\n"
-        assert "persistent Python session" in engine.prompts[0]  # the model is told its variables are kept
+        assert "persistent Python session" in engine.prompt_text(0)  # the model is told its variables are kept
     else:
         assert "NameError" in runs[2].outputs[0].logs and runs[2].container_id == box  # named, still stateless
 
@@ -193,8 +193,8 @@ async def test_scripted_engine_function_tool_round_trip(smol_tokenizer, sandbox)
         told = await client.responses.create(model=MODEL, tools=[WEATHER], previous_response_id=asked.id, input=[
             {"type": "function_call_output", "call_id": fc.call_id, "output": "sunny, 21 C"}])
     assert told.output_text == "It is sunny in Paris." and told.status == "completed"
-    history = engine.prompts[1]
-    assert "Be brief." in engine.prompts[0] and "Be brief." not in history  # instructions are not carried over
+    history = engine.prompt_text(1)
+    assert "Be brief." in engine.prompt_text(0) and "Be brief." not in history  # instructions are not carried over
     assert "Weather in Paris?" in history and '"name": "get_weather"' in history and "sunny, 21 C" in history
     assert not any(i.type == "code_interpreter_call" for i in told.output)
 
@@ -208,7 +208,8 @@ async def test_scripted_engine_gets_instructions_budget_and_sampling(smol_tokeni
     assert r.usage.output_tokens == 5 and r.temperature == 0.3 and r.top_p == 0.9
     got = engine.sampling[0]
     assert (got.max_tokens, got.temperature, got.top_p) == (5, 0.3, 0.9)
-    assert engine.prompts[0].startswith("<|im_start|>system\nAnswer in French.") and "Say hello." in engine.prompts[0]
+    prompt = engine.prompt_text(0)
+    assert prompt.startswith("<|im_start|>system\nAnswer in French.") and "Say hello." in prompt
 
 
 @pytest.mark.parametrize("kw, param", [
