@@ -33,6 +33,7 @@ from rstar2_agent.store import Store
 
 from .learner.backend import backend, local_sandbox
 from .learner.checkpoint import CheckpointConfig
+from .learner.colocated import Colocation
 from .learner.model import OptimConfig
 from .learner.protocol import Learner
 from .learner.ray_group import RayConfig
@@ -226,6 +227,7 @@ class RLRun:
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.cfg, self.backend, self.given_engine = cfg, where, engine
+        self.colocation: Colocation | None = None
         last = resume_from(cfg.out, resume)
         self.resolved = resolve_model(str(last) if last else cfg.model)
         self.learner: Learner = where.learner(self.resolved.path, sum(s.steps for s in cfg.stages))
@@ -241,6 +243,8 @@ class RLRun:
         else:
             engine, sandbox = await self.backend.rollout(self.resolved, self.learner)
         self.rollouts.attach(engine, sandbox, version=self.learner.step, owns_engine=self.given_engine is None)
+        # colocated: the engine sleeps through each update (learner/colocated.py)
+        self.colocation = Colocation(engine, self.cfg.sleep_level) if self.cfg.placement == "colocated" else None
         await sandbox.start()
 
     # ------------------------------------------------------------------ update
@@ -254,7 +258,10 @@ class RLRun:
     async def sync_weights(self) -> float:
         """Push the new weights to the rollout engine; seconds taken (~0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
-        await self.learner.push(self.rollouts.engine)
+        if self.colocation is not None:  # its weights woken first
+            await self.colocation.push(lambda: self.learner.push(self.rollouts.engine))
+        else:
+            await self.learner.push(self.rollouts.engine)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one step
@@ -318,6 +325,8 @@ class RLRun:
         fresh = [i for i, vs in enumerate(batch.versions) if min(vs, default=oldest_allowed) >= oldest_allowed]
         kept, roc_metrics, stats = self.down_sample(batch, [batch.groups[i] for i in fresh], batch.step)
         version = self.learner.step
+        if self.colocation is not None:  # the rollouts are done (synchronous): the GPU's memory to the learner
+            await self.colocation.sleep()
         t1 = time.perf_counter()
         stop = threading.Event()
         try:  # nothing kept: no gradient, the step still advances
@@ -334,6 +343,8 @@ class RLRun:
             t_sync = time.perf_counter() - t2 - push_wait
         else:
             gate.advance()
+        if self.colocation is not None:
+            await self.colocation.wake()
         metrics = {
             **self.rollouts.metrics(batch, stats, kept),
             "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,

@@ -4,7 +4,8 @@ through the core's factories (`make_engine`, `make_sandbox`) as eval and serve b
 
 - local (`distributed: none`): the learner in this process; the rollout engine is the hf engine on the learner's
   own model (`rollout_engine: hf`: an update is live at once, no push) or vLLM in this process (`vllm`: its own
-  weights, pushed after each update).
+  weights, pushed after each update). `placement: colocated` (colocated.py): the engine sleeps through each update
+  (vLLM's sleep mode; the hf engine then holds weights of its own, moved to host memory).
 - ray (`distributed: ray`): a group of FSDP learner ranks, rollout workers behind a replica pool, sandbox actors
   (ray_group.py).
 """
@@ -60,8 +61,9 @@ async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = Non
     push) or on its own weights."""
     context = resolved.spec.context_length
     if cfg.rollout_engine == "vllm":
+        colocated = {"sleep_mode": True} if cfg.placement == "colocated" else {}
         return await asyncio.to_thread(make_engine, "vllm", resolved.path, context_length=context,
-                                       **{**VLLM_DEFAULTS, "seed": cfg.seed, **cfg.engine_options})
+                                       **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options})
     weights = {"model": shared.model, "tokenizer": shared.tokenizer} if shared is not None else {}
     return make_engine("hf", resolved.path, context_length=context, **weights)
 
@@ -77,7 +79,8 @@ class LocalBackend:
                             checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
-        shared = learner if self.cfg.rollout_engine == "hf" else None  # the hf engine runs on the learner's model
+        # the hf engine runs on the learner's model, unless colocated: then on weights of its own, which sleep
+        shared = learner if self.cfg.rollout_engine == "hf" and self.cfg.placement != "colocated" else None
         return await local_engine(self.cfg, resolved, shared), local_sandbox(self.cfg)
 
 
