@@ -148,7 +148,9 @@ class VLLMEngine(Engine):
         self.sleep_mode, self._warned_sleep = sleep_mode and on_gpu, False
         if self.sleep_mode:
             args["enable_sleep_mode"] = True
-        self.weight_transfer = "nccl" if "weight_transfer_config" in args else None
+        # vLLM's own weight transfer: "nccl" (a learner on other GPUs), "ipc" (on this GPU), None (the chunked push)
+        backend = (args.get("weight_transfer_config") or {}).get("backend")
+        self.weight_transfer = {"rstar2_nccl": "nccl", "rstar2_ipc": "ipc"}.get(backend)
         self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
         before = set(processes.descendants(os.getpid()))

@@ -27,27 +27,33 @@ from typing import Any
 import torch
 
 BACKEND = "rstar2_nccl"
+IPC_BACKEND = "rstar2_ipc"  # vLLM's CUDA IPC engine, checked the same way: the colocated push, on the same GPU
+BACKENDS = {BACKEND: "CheckedNCCLEngine", IPC_BACKEND: "CheckedIPCEngine"}
 
 
 def register() -> None:
-    """Make `rstar2_nccl` known to vLLM's factory in this process (a vLLM worker imports vllm_worker.py, which
-    calls this, before it creates its weight transfer engine)."""
+    """Make `rstar2_nccl` and `rstar2_ipc` known to vLLM's factory in this process (a vLLM worker imports
+    vllm_worker.py, which calls this, before it creates its weight transfer engine)."""
     from vllm.distributed.weight_transfer import WeightTransferEngineFactory
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, "rstar2_agent.engines.vllm_transfer_nccl",
-                                                    "CheckedNCCLEngine")
+    for name, cls in BACKENDS.items():
+        if name not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(name, "rstar2_agent.engines.vllm_transfer_nccl", cls)
 
 
 def transfer_config(on_gpu: bool, weight_transfer: str) -> dict[str, str] | None:
-    """The engine's `weight_transfer_config`: vLLM's NCCL transfer on a GPU (`auto`, `vllm`), none on CPU or with
-    `fallback` (the chunked push of vllm_worker.py)."""
-    if weight_transfer not in ("auto", "vllm", "fallback"):
-        raise ValueError(f"weight_transfer is auto, vllm or fallback, not {weight_transfer!r}")
+    """The engine's `weight_transfer_config`: on a GPU vLLM's NCCL transfer (`auto`, `vllm`: a learner on other
+    GPUs) or its CUDA IPC transfer (`ipc`: a learner on the same GPU, the colocated placement: NCCL cannot join two
+    ranks on one GPU); none on CPU (`ipc` there: the CPU push, as `auto`) or with `fallback` (the chunked push of
+    vllm_worker.py)."""
+    if weight_transfer not in ("auto", "vllm", "ipc", "fallback"):
+        raise ValueError(f"weight_transfer is auto, vllm, ipc or fallback, not {weight_transfer!r}")
     if weight_transfer == "vllm" and not on_gpu:
         raise ValueError("weight_transfer=vllm needs a GPU (vLLM's weight transfer runs over NCCL): use auto or "
                          "fallback on CPU")
-    return {"backend": BACKEND} if on_gpu and weight_transfer != "fallback" else None
+    if not on_gpu or weight_transfer == "fallback":
+        return None
+    return {"backend": IPC_BACKEND if weight_transfer == "ipc" else BACKEND}
 
 
 def source(model: torch.nn.Module, dtype: torch.dtype | None, keep: dict[str, torch.Tensor] | None = None) -> Any:
@@ -75,16 +81,19 @@ def source(model: torch.nn.Module, dtype: torch.dtype | None, keep: dict[str, to
 
 class RolloutClient:
     """vLLM's `VLLMWeightSyncClient` over the rollout workers' Ray actors (EngineActor), each call to all of them
-    at once: engine i joins the group at rank offset 1 + the tensor-parallel sizes of engines 0..i-1."""
+    at once: engine i joins the group at rank offset 1 + the tensor-parallel sizes of engines 0..i-1 (NCCL; CUDA IPC
+    has no group: `ipc`, each engine maps the handles of its own GPU)."""
 
-    def __init__(self, actors: list[Any], tensor_parallel: list[int], timeout_s: float):
-        self.actors, self.tensor_parallel, self.timeout_s = actors, tensor_parallel, timeout_s
+    def __init__(self, actors: list[Any], tensor_parallel: list[int], timeout_s: float, ipc: bool = False):
+        self.actors, self.tensor_parallel, self.timeout_s, self.ipc = actors, tensor_parallel, timeout_s, ipc
 
     def offsets(self) -> list[int]:
         return [1 + sum(self.tensor_parallel[:i]) for i in range(len(self.actors))]
 
     def init_payloads(self, init_info: dict[str, Any]) -> list[dict[str, Any]]:
         """vLLM's worker init info (rank offset 1, for one engine) for each engine, at its own offset."""
+        if self.ipc:
+            return [dict(init_info) for _ in self.actors]
         return [{**init_info, "rank_offset": o} for o in self.offsets()]
 
     def _all(self, method: str, *per_actor: list[Any]) -> list[Any]:
@@ -107,3 +116,50 @@ class RolloutClient:
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._all("shutdown_weight_transfer")
+
+
+class LoopClient:
+    """vLLM's `VLLMWeightSyncClient` over a vLLM engine in this process, for a trainer engine driven from a thread:
+    each call runs the engine's coroutine on the event loop the engine lives on and waits for it."""
+
+    def __init__(self, engine: Any, loop: Any, timeout_s: float):
+        self.engine, self.loop, self.timeout_s = engine, loop, timeout_s
+
+    def _run(self, coro: Any) -> Any:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout_s)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._run(self.engine.init_weight_transfer(init_info))
+
+    def start_weight_update(self) -> None:
+        self._run(self.engine.start_weight_transfer())
+
+    def update_weights(self, update_info: Any) -> None:
+        self._run(self.engine.receive_weight_transfer(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._run(self.engine.finish_weight_transfer())
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._run(self.engine.shutdown_weight_transfer())
+
+
+async def push_in_place(model: torch.nn.Module, engine: Any, timeout_s: float = 600.0) -> None:
+    """The colocated push in one process (a learner and an in-process vLLM engine on one GPU): vLLM's trainer-side
+    CUDA IPC engine exports a handle of each of the learner's tensors (cast to the engine's dtype on the GPU: no host
+    copy) and the engine's workers map and load them (`rstar2_ipc`, names checked). The trainer engine is sync and
+    calls the engine's async methods: it runs in a thread, the client hands each call to this event loop."""
+    import asyncio
+
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
+    client = LoopClient(engine, asyncio.get_running_loop(), timeout_s)
+
+    def send() -> None:
+        trainer = IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=0), client=client,
+                                                              source=source(model, engine.weights_dtype))
+        trainer.send_weights()
+
+    await asyncio.to_thread(send)

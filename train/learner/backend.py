@@ -61,7 +61,8 @@ async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = Non
     push) or on its own weights."""
     context = resolved.spec.context_length
     if cfg.rollout_engine == "vllm":
-        colocated = {"sleep_mode": True} if cfg.placement == "colocated" else {}
+        # colocated: vLLM's sleep mode, and the push in place through CUDA IPC (the CPU push on vLLM's CPU build)
+        colocated = {"sleep_mode": True, "weight_transfer": "ipc"} if cfg.placement == "colocated" else {}
         return await asyncio.to_thread(make_engine, "vllm", resolved.path, context_length=context,
                                        **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options})
     weights = {"model": shared.model, "tokenizer": shared.tokenizer} if shared is not None else {}

@@ -23,6 +23,13 @@ class LocalLearner(TorchLearner):
         return getattr(engine, "model", None) is self.model
 
     async def push(self, engine: Engine) -> None:
-        """The current weights into `engine` (vLLM in this process loads the state dict; a shared model: nothing)."""
-        if not self.shares_weights(engine):
+        """The current weights into `engine`: a shared model needs nothing; vLLM in this process on the same GPU
+        (colocated) maps the learner's tensors through CUDA IPC, in place; else it loads the state dict."""
+        if self.shares_weights(engine):
+            return
+        if getattr(engine, "weight_transfer", None) == "ipc":
+            from rstar2_agent.engines.vllm_transfer import push_in_place
+
+            await push_in_place(self.model, engine)
+        else:
             await engine.load_weights(self.full_state_dict())
