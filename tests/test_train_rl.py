@@ -143,8 +143,9 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     two FSDP learner ranks (gloo on CPU). One update on hand-set rewards (packed by tokens, the head in chunks,
     checkpointed) gives the same loss and gradient norm as the single-process padded full-logits learner on the
     same rollouts, and after the weight sync the rollout workers generate
-    exactly what the saved checkpoint generates. Resumed with max_staleness 1, it trains two more steps, the last
-    one version behind."""
+    exactly what the saved checkpoint generates. Colocated (the rollout workers in the learner ranks' placement
+    bundles, a step's sleep/wake order around the update). Resumed with separate placement and max_staleness 1, it
+    trains two more steps, the last one version behind."""
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.hf import HFEngine
@@ -158,7 +159,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     # the ranks pack their token-balanced shares, the head in chunks, every layer checkpointed; the reference below
     # is one process's padded full-logits update
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim, micro_batch_tokens=512,
-               logprob_chunk_tokens=64, gradient_checkpointing=True,
+               logprob_chunk_tokens=64, gradient_checkpointing=True, placement="colocated",
                ray=RayConfig(learners=2, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=2, cpus_per_sandbox_actor=0.25, sandbox_workers=1))
     run = RLRun(cfg)
@@ -168,10 +169,19 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         groups = await rollouts.groups(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
         assert {replica for _, replica in rollouts.engine.history} == {0, 1}  # trajectories spread over both workers
         assert all(t.logprobs and len(t.logprobs) == len(t.response_ids) for g in groups for t, _ in g)
+        # colocated: the rollout workers are scheduled in the learner group's placement, each bundle sized for a rank
+        # and its worker
+        group = run.learner.placement.id.hex()
+        assert await asyncio.gather(*(w.actor.placement_group.remote() for w in rollouts.engine.engines)) == [group] * 2
+        bundles = ray.util.placement_group_table(run.learner.placement)["bundles"]
+        assert [b["CPU"] for b in bundles.values()] == [1.0, 1.0]
         kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]
+        await run.colocation.sleep()  # a colocated step's order (the CPU engines stay awake)
         upd = run.update(kept)
         assert upd["update_tokens"] > 0 and run.learner.step == 1
         assert await run.sync_weights() > 0
+        await run.colocation.wake()
+        assert run.colocation.calls == ["sleep(1)", "wake(weights)", "push", "wake(kv_cache)"]
         checkpoint = run.save(1, 0)
         assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
@@ -209,7 +219,8 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
 
         # bounded staleness on the Ray path: resumed at step 1 with max_staleness 1, the batches of steps 2 and 3
         # both generate on the pushed version 1 while the ranks update; step 3 trains one version behind
-        stale = dataclasses.replace(cfg, max_staleness=1, stages=[dataclasses.replace(cfg.stages[0], steps=3)])
+        stale = dataclasses.replace(cfg, max_staleness=1, placement="separate",
+                                    stages=[dataclasses.replace(cfg.stages[0], steps=3)])
         _, history = await run_rl(stale, resume=True)
         assert [h["policy_lag_max"] for h in history] == [0, 1]
         assert all("tis_weight_mean" in h for h in history if h["update_tokens"])  # the decoupled loss

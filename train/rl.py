@@ -175,6 +175,13 @@ def check_placement(cfg: RLConfig) -> None:
                          "the same GPUs, so no rollout can run beside the update): set max_staleness: 0 and "
                          "partial_rollouts: false, or use placement: separate (the learner and the engines on GPUs of "
                          "their own) for bounded staleness")
+    if cfg.distributed == "ray" and cfg.ray.rollout_workers != cfg.ray.learners:
+        raise ValueError(f"placement: colocated puts one rollout worker on each learner rank's GPU: set "
+                         f"ray.rollout_workers to ray.learners ({cfg.ray.learners}), not {cfg.ray.rollout_workers}")
+    if cfg.distributed == "ray" and int(cfg.ray.engine_options.get("tensor_parallel_size", 1)) != 1:
+        raise ValueError("placement: colocated runs one engine per GPU (data parallel across the node's GPUs): set "
+                         "ray.engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
+                         "span GPUs")
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
                          f"not {cfg.sleep_level!r}")

@@ -21,6 +21,7 @@ turns (and tool results) are kept, so the failed turn is what reruns, from the s
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -72,6 +73,12 @@ class EngineActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def placement_group(self) -> str | None:
+        """The id of the placement group this actor was scheduled in (None: none)."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id()
 
     def device(self) -> str:
         """Where this worker receives pushed weights: its GPU when Ray gave it one, else the CPU."""
@@ -269,11 +276,13 @@ class RayEngine(Engine):
 
 async def start_ray_engines(kind: str, model_path: str, n: int, *, context_length: int,
                             num_cpus: float = 1.0, num_gpus: float = 0.0, actor_options: dict[str, Any] | None = None,
-                            engine_options: dict[str, Any] | None = None, max_restarts: int = 3) -> list[RayEngine]:
+                            engine_options: dict[str, Any] | None = None, max_restarts: int = 3,
+                            bundles: Any = None) -> list[RayEngine]:
     """N engine actors on the connected Ray cluster (call ray.init first), each with `num_gpus` GPUs (vLLM's
     tensor parallelism takes several) and `num_cpus` cores; `actor_options` go to Ray as they are (e.g.
     {"resources": {"rollout": 1}} to keep them on the nodes that advertise it). Actors are spread over nodes; a
-    dead one is replaced at most `max_restarts` times."""
+    dead one is replaced at most `max_restarts` times. `bundles`: a placement group whose bundle i holds actor i (and
+    its replacements), beside what else it holds (the colocated placement: a learner rank on the same GPU)."""
     import ray
     from transformers import AutoTokenizer
 
@@ -281,11 +290,16 @@ async def start_ray_engines(kind: str, model_path: str, n: int, *, context_lengt
         raise EngineError(f"rollout workers run the hf or vllm engine, not {kind!r}")
     cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=100_000)(EngineActor)
 
-    def spawn() -> Any:
-        return (cls.options(**{"scheduling_strategy": "SPREAD", **(actor_options or {})})
+    def spawn(i: int) -> Any:
+        where: Any = "SPREAD"
+        if bundles is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            where = PlacementGroupSchedulingStrategy(bundles, placement_group_bundle_index=i % bundles.bundle_count)
+        return (cls.options(**{"scheduling_strategy": where, **(actor_options or {})})
                 .remote(kind, model_path, context_length, engine_options or {}))
 
-    actors = [spawn() for _ in range(n)]
+    actors = [spawn(i) for i in range(n)]
     try:
         infos = await asyncio.gather(*(a.start.remote() for a in actors))
     except Exception as e:  # noqa: BLE001
@@ -293,7 +307,7 @@ async def start_ray_engines(kind: str, model_path: str, n: int, *, context_lengt
             ray.kill(a)
         raise EngineError(f"rollout workers could not start {kind} on {model_path}: {_cause(e)}") from e
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return [RayEngine(a, info, model_path, tokenizer, i, spawn=spawn, max_restarts=max_restarts)
+    return [RayEngine(a, info, model_path, tokenizer, i, spawn=functools.partial(spawn, i), max_restarts=max_restarts)
             for i, (a, info) in enumerate(zip(actors, infos, strict=True))]
 
 

@@ -7,7 +7,7 @@ through the core's factories (`make_engine`, `make_sandbox`) as eval and serve b
   weights, pushed after each update). `placement: colocated` (colocated.py): the engine sleeps through each update
   (vLLM's sleep mode; the hf engine then holds weights of its own, moved to host memory).
 - ray (`distributed: ray`): a group of FSDP learner ranks, rollout workers behind a replica pool, sandbox actors
-  (ray_group.py).
+  (ray_group.py); colocated, rollout worker i shares learner rank i's placement bundle and GPU.
 """
 
 from __future__ import annotations
@@ -93,10 +93,12 @@ class RayBackend:
         from .ray_group import LearnerGroup
 
         return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
-                            checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
+                            checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing,
+                            colocated=self.cfg.placement == "colocated")
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
         from .ray_group import start_rollout
 
+        bundles = getattr(learner, "placement", None) if self.cfg.placement == "colocated" else None
         return await start_rollout(self.cfg.ray, resolved.path, resolved.spec.context_length,
-                                   max(s.max_response_tokens for s in self.cfg.stages))
+                                   max(s.max_response_tokens for s in self.cfg.stages), bundles=bundles)

@@ -81,13 +81,15 @@ class RayConfig:
                 + self.sandbox_actors * self.cpus_per_sandbox_actor)
 
 
-def learner_placement(cfg: RayConfig) -> Any:
+def learner_placement(cfg: RayConfig, colocated: bool = False) -> Any:
     """A placement group of one bundle per learner rank, ready (or a TimeoutError naming what was asked and what
-    the cluster has, after `start_timeout_s`: a request the cluster cannot meet would otherwise wait forever)."""
+    the cluster has, after `start_timeout_s`: a request the cluster cannot meet would otherwise wait forever).
+    `colocated`: each bundle also holds that rank's rollout worker (its CPUs; the GPU is shared, COLOCATED_SHARE)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    bundle = {"CPU": cfg.cpus_per_learner, **({"GPU": cfg.gpus_per_learner} if cfg.gpus_per_learner else {})}
+    cpus = cfg.cpus_per_learner + (cfg.cpus_per_rollout_worker if colocated else 0)
+    bundle = {"CPU": cpus, **({"GPU": cfg.gpus_per_learner} if cfg.gpus_per_learner else {})}
     if cfg.learner_placement not in PLACEMENTS:
         raise ValueError(f"ray.learner_placement is one of {', '.join(PLACEMENTS)}, not {cfg.learner_placement!r}")
     group = placement_group([bundle] * cfg.learners, strategy=cfg.learner_placement)
@@ -104,6 +106,10 @@ def learner_placement(cfg: RayConfig) -> Any:
 
 
 PLACEMENTS = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+# colocated: the share of each bundle's GPU that Ray accounts to the learner rank; the rollout worker takes the rest.
+# Ray's accounting only (both processes see the whole GPU): what each may hold is the memory plan's (train/plan.py),
+# the engine's through gpu_memory_utilization
+COLOCATED_SHARE = 0.5
 
 
 def connect(cfg: RayConfig) -> bool:
@@ -227,6 +233,23 @@ class LearnerActor:
                                    packed=True, packed_buffer_size_bytes=int(bucket_mb * 2**20))
         self.transfer = NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=src)
 
+    def join_vllm_ipc(self, rollout: list[Any], dtype: str | None, timeout_s: float) -> None:
+        """Every rank: vLLM's trainer-side CUDA IPC transfer to the engines on the ranks' own GPUs (colocated: NCCL
+        cannot join two ranks on one GPU). Each rank exports handles of the full tensors it gathers on its GPU (the
+        all-gather of the handles runs on the FSDP group); rank 0 sends the merged handles, and each engine maps those
+        of its own GPU: no host copy (so no copy kept for a replacement worker either: it gets the next push)."""
+        import torch
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
+        from rstar2_agent.engines.vllm_transfer import RolloutClient, source
+
+        self.leave_weight_group()
+        client = RolloutClient(rollout, [1] * len(rollout), timeout_s, ipc=True)
+        self.kept = {}
+        src = source(self.learner.model, torch.bfloat16 if dtype == "bf16" else None)
+        self.transfer = IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=self.rank), client=client,
+                                                                    source=src)
+
     def send_weights_vllm(self) -> None:
         """Every rank: one push through vLLM's weight transfer; rank 0 keeps what it sent (for a replacement)."""
         if self.transfer is None:
@@ -285,7 +308,7 @@ class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
-                 checkpoint: Any = None, gradient_checkpointing: bool = False):
+                 checkpoint: Any = None, gradient_checkpointing: bool = False, colocated: bool = False):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
@@ -304,10 +327,12 @@ class LearnerGroup:
         # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
         from .checkpoint import CheckpointConfig
 
-        cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner,
+        self.colocated = colocated  # each rank's bundle also holds a rollout worker (start_rollout's `bundles`)
+        gpus = cfg.gpus_per_learner * (COLOCATED_SHARE if colocated else 1)
+        cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=gpus,
                          concurrency_groups={"weights": 1})(LearnerActor)
         try:
-            self.placement = learner_placement(cfg)
+            self.placement = learner_placement(cfg, colocated)
             self.actors = [cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement, placement_group_bundle_index=r)).remote(r, cfg.learners)
                 for r in range(cfg.learners)]
@@ -405,10 +430,14 @@ class LearnerGroup:
         devices = await asyncio.gather(rank0.device.remote(), *(w.actor.device.remote() for w in workers))
         device = "cuda" if all(d.startswith("cuda") for d in devices) else "cpu"
         transfers = await asyncio.gather(*(w.actor.weight_transfer.remote() for w in workers))
-        self.via_vllm = (device == "cuda" and self.cfg.vllm_weight_transfer
-                         and all(kind == "nccl" for kind, _ in transfers))
+        kinds = {kind for kind, _ in transfers}
+        self.via_vllm = device == "cuda" and self.cfg.vllm_weight_transfer and kinds in ({"nccl"}, {"ipc"})
         host, port = await rank0.address.remote()
-        if self.via_vllm:
+        if self.via_vllm and kinds == {"ipc"}:  # colocated: each engine on a learner rank's GPU
+            await asyncio.wait_for(asyncio.gather(*(
+                a.join_vllm_ipc.remote([w.actor for w in workers], self.push_dtype, timeout) for a in self.actors)),
+                timeout + 30)
+        elif self.via_vllm:
             tensor_parallel = [tp for _, tp in transfers]
             await asyncio.wait_for(asyncio.gather(*(
                 a.join_vllm_transfer.remote(host, port, 1 + sum(tensor_parallel), [w.actor for w in workers],
@@ -478,18 +507,26 @@ class LearnerGroup:
                 ray.shutdown()
 
 
-async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int):
-    """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started)."""
+async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int,
+                        bundles: Any = None):
+    """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started). `bundles`: the learner
+    group's placement (colocated): worker i in rank i's bundle, on its GPU, with vLLM's sleep mode and the CUDA IPC
+    push."""
     from rstar2_agent.engines.ray_engine import start_ray_engines
     from rstar2_agent.engines.replicas import ReplicaPool
     from rstar2_agent.sandbox import SandboxConfig
     from rstar2_agent.sandbox.ray_pool import RaySandbox
 
     connect(cfg)
+    options, gpus = cfg.engine_options, cfg.gpus_per_rollout_worker
+    if bundles is not None:
+        gpus = cfg.gpus_per_learner * (1 - COLOCATED_SHARE)
+        if cfg.rollout_engine == "vllm":
+            options = {"sleep_mode": True, "weight_transfer": "ipc", **options}
     engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
                                       context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
-                                      num_gpus=cfg.gpus_per_rollout_worker, engine_options=cfg.engine_options,
-                                      max_restarts=cfg.max_worker_restarts)
+                                      num_gpus=gpus, engine_options=options, max_restarts=cfg.max_worker_restarts,
+                                      bundles=bundles)
     pool = ReplicaPool(engines, cfg.replica_policy, max_response_tokens=max_response_tokens)
     sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=cfg.sandbox_workers),
                          num_cpus_per_actor=cfg.cpus_per_sandbox_actor, max_restarts=cfg.max_worker_restarts,
