@@ -1,6 +1,7 @@
 """The memory plan (train/plan.py, `rstar2 train plan`): the 14B recipes fit their clusters and the crashes of issue
 33 (the RL learner's first update, the push's receive buffers beside vLLM, one GPU with the in-process engine) are
-refused before a GPU is rented; the activation figures against measured peak memory of a scaled-down Qwen3."""
+refused before a GPU is rented; the one-node colocated recipes fit both phases of their 80 GB GPUs and chain from
+their SFT recipes; the activation figures against measured peak memory of a scaled-down Qwen3."""
 
 from __future__ import annotations
 
@@ -13,7 +14,19 @@ import pytest
 from click.testing import CliRunner
 
 from rstar2_agent.train import recipe as recipes
-from rstar2_agent.train.plan import PlanError, activations, check_before_run, layer_bytes, plan_rl, plan_sft
+from rstar2_agent.train.plan import (
+    VLLM_ASLEEP_GIB,
+    LearnerSpec,
+    PlanError,
+    activations,
+    check_before_run,
+    layer_bytes,
+    learner_parts,
+    plan_rl,
+    plan_sft,
+    render,
+)
+from rstar2_agent.train.rehearsal import check_chain
 from rstar2_agent.train.rl import RLConfig
 from rstar2_agent.train.sft import SFTConfig
 from rstar2_agent.train.shapes import KNOWN, from_config, model_shape
@@ -155,3 +168,111 @@ def test_train_sft_refuses_a_gpu_recipe_that_cannot_fit_before_loading_any_data(
                                          "gradient_checkpointing=false"])
     assert r.exit_code == 1 and "does not fit" in r.output and "memory_check=false" in r.output, r.output
     assert check_before_run(recipes.load(SFTConfig, SFT_14B, [f"gpu_memory_gib={MI300X_GIB}"]), "sft").fits
+
+
+# ------------------------------------------------------------------------------------------------ one node, colocated
+RL_1GPU, SFT_1GPU = "rl-qwen3-1.7b-1gpu", "sft-qwen3-1.7b-base"
+RL_8GPU, SFT_8GPU = "rl-qwen3-8b-8gpu", "sft-qwen3-8b-base"
+GPU_80GB = 74.5  # 80 x 10^9 bytes, as the recipes count an 80 GB GPU
+# what a one-node recipe may change from the paper's 14B recipe: the model, scale and placement; never the algorithm
+ONE_NODE_SCALE = {"model", "out", "prompts_per_step", "group_size", "gpu_memory_gib", "save_every", "distributed",
+                  "rollout_engine", "placement", "sleep_level", "sandbox_workers", "micro_batch", "grad_accum"}
+
+
+def one_node(name: str, *overrides: str) -> RLConfig:
+    return recipes.load(RLConfig, name, overrides)
+
+
+@pytest.mark.parametrize(("rl", "sft", "gpus"), [(RL_1GPU, SFT_1GPU, 1), (RL_8GPU, SFT_8GPU, 8)])
+def test_the_one_node_recipes_fit_80_gb_gpus_in_both_colocated_phases(rl, sft, gpus):
+    """Each GPU holds a learner rank and an engine: the rollout phase (vLLM awake beside the learner's fp32 weights and
+    AdamW moments, no gradients, no activations) and the update phase (the learner's peak beside the sleeping engine,
+    its weights woken for the push and one bucket) each fit 80 GB, and so does the recipe's SFT on the same GPUs."""
+    plan = plan_rl(one_node(rl), recipe=rl, gpu_memory_gib=GPU_80GB, gpus=gpus)
+    assert plan.fits and plan.gpus_needed == gpus, render(plan)
+    rollout, update = plan.gpus
+    assert (rollout.role, update.role, rollout.count) == ("rollout phase", "update phase", gpus) and rollout.ok
+    assert {"weights_fp32_shard", "optimizer_adamw", "vllm_gpu_memory_utilization"} <= set(rollout.parts)
+    assert not {"gradients_fp32_shard", "activations", "vllm_asleep"} & set(rollout.parts)
+    learner, _ = learner_parts(plan.shape, LearnerSpec(gpus, "bf16" if gpus > 1 else "autocast", 16384,
+                                                       1024 + max(s.max_response_tokens for s in one_node(rl).stages),
+                                                       True, True, "rl", 1024))
+    weights = 2 * plan.shape.params() / 2**30
+    assert update.total_gib == pytest.approx(sum(learner.values()) + VLLM_ASLEEP_GIB + weights
+                                             + update.parts["push_transient"])
+    assert update.parts["(vllm: weights in host memory)"] == pytest.approx(weights)  # level 1: not on the GPU
+    assert plan.host is not None and plan.host.offload_gib == pytest.approx(gpus * weights)
+    assert plan_sft(recipes.load(SFTConfig, sft), recipe=sft, gpu_memory_gib=GPU_80GB, gpus=gpus).fits
+
+
+def test_a_colocated_recipe_that_cannot_fit_is_refused_before_start_with_what_to_change():
+    """The 8B at 24 GB: vLLM's weights alone outgrow what the learner leaves, and the update phase too; an oversized
+    micro-batch breaks the update phase only; a vLLM share too large for the learner's resident state, the rollout
+    phase only. Each refusal names the change, and `rstar2 train rl` stops before Ray or a model starts."""
+    with pytest.raises(PlanError, match="rollout phase x8.*DOES NOT FIT") as small:
+        check_before_run(one_node(RL_8GPU, "gpu_memory_gib=24"), "rl")
+    assert "placement: separate" in str(small.value) and "memory_check=false" in str(small.value)
+    huge = plan_rl(one_node(RL_8GPU, "micro_batch_tokens=262144"), gpu_memory_gib=GPU_80GB)
+    assert [g.fits for g in huge.gpus] == [True, False]
+    assert any("micro_batch_tokens: 32768" in a for a in huge.advice), huge.advice
+    greedy = plan_rl(one_node(RL_1GPU, "engine_options={gpu_memory_utilization: 0.85}"), gpu_memory_gib=GPU_80GB)
+    assert [g.fits for g in greedy.gpus] == [False, True]
+    (advice,) = greedy.advice
+    assert "engine_options.gpu_memory_utilization: 0.69 (now 0.85" in advice
+    assert plan_rl(one_node(RL_1GPU, "engine_options={gpu_memory_utilization: 0.69}"), gpu_memory_gib=GPU_80GB).fits
+    no_kv = plan_rl(one_node(RL_1GPU, "engine_options={gpu_memory_utilization: 0.15}"), gpu_memory_gib=GPU_80GB)
+    assert not no_kv.gpus[0].ok and "gpu_memory_utilization: 0.69" in no_kv.advice[0]  # no KV for one sequence
+    r = CliRunner().invoke(train_group, ["rl", "--recipe", RL_8GPU, "gpu_memory_gib=24"])
+    assert r.exit_code == 1 and "does not fit" in r.output and "update phase" in r.output, r.output
+
+
+def test_sleep_level_1_keeps_the_engines_weights_in_host_memory_and_level_2_does_not():
+    """Level 1 needs the 8 engines' bf16 weights (122 GiB) in the node's memory, checked where the plan knows it;
+    level 2 needs none and the GPUs are planned the same."""
+    short = plan_rl(one_node(RL_8GPU), gpu_memory_gib=GPU_80GB, host_memory_gib=64)
+    assert not short.fits and all(g.fits for g in short.gpus)
+    assert any("sleep_level: 2" in a for a in short.advice), short.advice
+    level2 = plan_rl(one_node(RL_8GPU, "sleep_level=2"), gpu_memory_gib=GPU_80GB, host_memory_gib=64)
+    assert level2.fits and level2.host.offload_gib == 0
+    assert "(vllm: weights in host memory)" not in level2.gpus[1].parts
+    assert level2.gpus[1].total_gib == pytest.approx(short.gpus[1].total_gib)
+
+
+def test_colocated_puts_one_engine_shard_beside_each_learner_rank():
+    with pytest.raises(PlanError, match=r"rollout_workers x ray.engine_options.tensor_parallel_size to ray.learners"):
+        plan_rl(one_node(RL_8GPU, "ray.rollout_workers=4"), gpu_memory_gib=GPU_80GB)
+    tp2 = plan_rl(one_node(RL_8GPU, "ray.rollout_workers=4", "ray.engine_options={tensor_parallel_size: 2, "
+                                    "gpu_memory_utilization: 0.75}"), gpu_memory_gib=GPU_80GB)
+    assert tp2.fits and tp2.gpus[1].parts["vllm_weights_woken_for_push"] == pytest.approx(
+        2 * tp2.shape.params() / 2 / 2**30)  # each GPU holds half of an engine's weights
+
+
+def test_the_plan_command_renders_both_colocated_phases_in_text_and_json():
+    runner = CliRunner()
+    text = runner.invoke(train_group, ["plan", "--recipe", RL_1GPU])
+    assert text.exit_code == 0, text.output
+    assert "rollout phase x1" in text.output and "update phase x1" in text.output and "fits: yes" in text.output
+    assert "host memory for the sleeping engines' weights: 3.2 GiB" in text.output
+    doc = json.loads(runner.invoke(train_group, ["plan", "--recipe", RL_8GPU, "--json"]).output)
+    assert doc["fits"] is True and [g["role"] for g in doc["gpus"]] == ["rollout phase", "update phase"]
+    assert doc["settings"]["placement"] == "colocated" and doc["host"]["offload_gib"] > 100
+    assert doc["gpus"][1]["components_gib"]["vllm: weights in host memory"] > 0
+    bad = runner.invoke(train_group, ["plan", "--recipe", RL_8GPU, "--json", "--gpu-memory-gib", "24"])
+    assert bad.exit_code == 1 and json.loads(bad.output)["advice"]
+
+
+@pytest.mark.parametrize(("rl", "sft"), [(RL_1GPU, SFT_1GPU), (RL_8GPU, SFT_8GPU)])
+def test_the_one_node_recipes_chain_from_their_sft_and_keep_the_papers_algorithm(rl, sft):
+    """RL starts from its SFT's checkpoint in the same format profile (the rehearsal's hand-off check), sized through
+    the SFT recipe before it exists; against the paper's 14B recipes only the model, the scale and the placement
+    differ (stages: only their response budgets)."""
+    sft_cfg, rl_cfg = recipes.load(SFTConfig, sft), one_node(rl)
+    check_chain(sft_cfg, rl_cfg)
+    assert model_shape(rl_cfg.model) == model_shape(sft_cfg.model)
+    for before, after in ((rl14(), rl_cfg), (recipes.load(SFTConfig, SFT_14B), sft_cfg)):
+        keys = {k for k, _, _ in recipes.diff(before, after)}
+        algorithm = {k for k in keys if k not in ONE_NODE_SCALE and not k.startswith(("ray.", "engine_options."))
+                     and not k.endswith("].max_response_tokens")}
+        assert not algorithm, algorithm
+    assert [(s.max_turns, s.filter_solved, s.reset_optimizer) for s in rl_cfg.stages] == [
+        (10, 0, False), (10, 0, False), (15, 8, True)]

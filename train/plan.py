@@ -9,6 +9,9 @@ compute uses (FSDP2 all-gathers each layer in bf16 and keeps the root's embeddin
 forward and backward; one process under autocast caches a bf16 copy of every weight), plus the activations of
 one micro-batch. Engine: vLLM takes `gpu_memory_utilization` of its GPU (weights, KV cache, its activations), and
 the collective push receives the new weights beside it, one bucket at a time (or, as it did before, the whole model).
+Colocated (`placement: colocated`, learner/colocated.py): each GPU holds a learner rank and an engine shard, in two
+phases planned apart (`colocated_phases`): rollout (the engine awake beside what the learner keeps between updates)
+and update (the learner's peak beside the sleeping engine and the in-place push).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ FRAGMENTATION = 0.10  # of the learner's tensors: the caching allocator's slack 
 RUNTIME_GIB = 1.5  # per GPU process: the CUDA/ROCm context, NCCL/RCCL buffers, the kernels' workspaces
 VLLM_RESERVE_GIB = 2.0  # vLLM's CUDA graphs and sampler buffers beyond its profiled forward
 VLLM_BATCHED_TOKENS = 8192  # max_num_batched_tokens when engine_options does not set it
+DEFAULT_UTILIZATION = 0.85  # vLLM's gpu_memory_utilization in this project when a recipe does not set it
+# a sleeping vLLM (colocated): its CUDA context, CUDA graphs, NCCL and sampler buffers stay; only what its cumem pool
+# tagged (weights, KV cache) is released. vLLM's log says what stayed ("Sleep mode freed X GiB, Y GiB still in use")
+VLLM_ASLEEP_GIB = RUNTIME_GIB + VLLM_RESERVE_GIB
 PRECISIONS = ("autocast", "bf16", "fp32")
 RECEIVE = ("model", "bucket", "host")
 
@@ -168,6 +175,23 @@ class GPU:
 
 
 @dataclass
+class Host:
+    """Host memory a colocated node needs for its sleeping engines: their weights at sleep level 1 (pinned copies),
+    nothing at level 2. `capacity_gib`: the node's memory when the plan runs on it (`check_before_run`), else None
+    (shown, not checked)."""
+    offload_gib: float
+    capacity_gib: float | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_gib is None or self.offload_gib <= self.capacity_gib
+
+    def as_json(self) -> dict[str, Any]:
+        return {"offload_gib": round(self.offload_gib, 2), "fits": self.fits,
+                "capacity_gib": None if self.capacity_gib is None else round(self.capacity_gib, 1)}
+
+
+@dataclass
 class Plan:
     recipe: str
     kind: str
@@ -180,16 +204,21 @@ class Plan:
     settings: dict[str, Any]
     activations_gib: dict[str, float]
     advice: list[str] = field(default_factory=list)
+    host: Host | None = None  # colocated: the sleeping engines' weights in host memory
 
     @property
     def fits(self) -> bool:
-        return all(g.fits for g in self.gpus) and (self.gpus_given is None or self.gpus_given >= self.gpus_needed)
+        return (all(g.fits for g in self.gpus) and (self.gpus_given is None or self.gpus_given >= self.gpus_needed)
+                and (self.host is None or self.host.fits))
 
     def as_json(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "kind": self.kind, "model": self.model, "shape": self.shape.as_json(),
-                "placement": self.placement, "gpus_needed": self.gpus_needed, "gpus_given": self.gpus_given,
-                "fits": self.fits, "settings": self.settings, "activations_gib": self.activations_gib,
-                "gpus": [g.as_json() for g in self.gpus], "advice": self.advice}
+        out = {"recipe": self.recipe, "kind": self.kind, "model": self.model, "shape": self.shape.as_json(),
+               "placement": self.placement, "gpus_needed": self.gpus_needed, "gpus_given": self.gpus_given,
+               "fits": self.fits, "settings": self.settings, "activations_gib": self.activations_gib,
+               "gpus": [g.as_json() for g in self.gpus], "advice": self.advice}
+        if self.host is not None:
+            out["host"] = self.host.as_json()
+        return out
 
 
 @dataclass
@@ -243,7 +272,7 @@ def engine_parts(s: Shape, options: dict[str, Any], capacity_gib: float, receive
     receive buffers beside it. False when the KV cache cannot hold one sequence of the model's length (vLLM then
     refuses to start)."""
     tp = int(options.get("tensor_parallel_size", 1))
-    util = float(options.get("gpu_memory_utilization", 0.85))
+    util = float(options.get("gpu_memory_utilization", DEFAULT_UTILIZATION))
     batched = int(options.get("max_num_batched_tokens", VLLM_BATCHED_TOKENS))
     weights = 2 * s.params() / tp / GIB
     forward = batched * (4 * s.vocab + 2 * (2 * s.intermediate + 4 * s.hidden)) / tp / GIB + VLLM_RESERVE_GIB
@@ -287,13 +316,15 @@ def _rl_micro_batch(cfg: Any, seq: int) -> tuple[int, bool]:
 
 def plan_rl(cfg: Any, *, recipe: str = "", gpu_memory_gib: float | None = None, gpus: int | None = None,
             prompt_tokens: int = PROMPT_TOKENS, logits_chunk: int | None = None, receive: str = "bucket",
-            shape: Shape | None = None) -> Plan:
+            shape: Shape | None = None, host_memory_gib: float | None = None) -> Plan:
     """The plan of an RL recipe (`RLConfig`) on its placement: `distributed: ray` puts learners and rollout workers
     on separate GPUs; one process with `rollout_engine: vllm` holds both on one GPU (vLLM takes its
-    `gpu_memory_utilization` of it); `rollout_engine: hf` generates on the learner's own weights. `receive`: what
-    the collective push receives on a rollout GPU: bucket (one at a time, each loaded before the next: the push),
-    model (every bucket kept there until the engine loads them, the push before buckets were loaded one by one),
-    host (in-process pushes through host memory)."""
+    `gpu_memory_utilization` of it); `rollout_engine: hf` generates on the learner's own weights; `placement:
+    colocated` with the vllm engine plans each GPU's two phases (`colocated_phases`). `receive`: what the push
+    receives on a rollout GPU: bucket (one at a time, each loaded before the next: the push), model (every bucket
+    kept there until the engine loads them, the push before buckets were loaded one by one), host (in-process pushes
+    through host memory). `host_memory_gib`: the node's memory, against which a colocated plan checks the sleeping
+    engines' weights (None: shown, not checked)."""
     if receive not in RECEIVE:
         raise PlanError(f"receive is one of {', '.join(RECEIVE)}, not {receive!r}")
     s = shape or model_shape(cfg.model)
@@ -306,43 +337,131 @@ def plan_rl(cfg: Any, *, recipe: str = "", gpu_memory_gib: float | None = None, 
     capacity = _capacity(gpu_memory_gib, on_gpu)
     spec = LearnerSpec(world, _precision(cfg.dtype, world, on_gpu), tokens, seq, masked,
                        bool(cfg.gradient_checkpointing), "rl", chunk)
-    learner, act = learner_parts(s, spec)
+    learner, _ = learner_parts(s, spec)
     context = min(s.context_length, _context(cfg.model, s))
-    gpus_list: list[GPU] = []
-    if ray:
-        options = dict(cfg.ray.engine_options)
-        tp = int(options.get("tensor_parallel_size", 1))
-        gpus_list.append(GPU("learner", world, capacity, learner))
-        needed = int(world * cfg.ray.gpus_per_learner)
-        if cfg.ray.rollout_engine == "vllm" and cfg.ray.gpus_per_rollout_worker > 0:
-            parts, notes, ok = engine_parts(s, options, capacity, receive, cfg.ray.weight_bucket_mb, context)
-            gpus_list.append(GPU("rollout", cfg.ray.rollout_workers * tp, capacity, parts, notes, ok))
-            needed += int(cfg.ray.rollout_workers * cfg.ray.gpus_per_rollout_worker)
-        placement = (f"ray: {world} learner ranks (FSDP2) and {cfg.ray.rollout_workers} {cfg.ray.rollout_engine} "
-                     f"rollout workers, on separate devices")
+    host = None
+    if _colocated(cfg) and on_gpu:
+        gpus_list, needed, placement, host = colocated_phases(cfg, s, learner, capacity, receive, context,
+                                                              host_memory_gib)
+    elif ray:
+        gpus_list, needed, placement = _separate(cfg, s, learner, capacity, receive, context)
     else:
-        needed = 1 if on_gpu else 0
-        parts = dict(learner)
-        notes: list[str] = []
-        ok = True
-        if cfg.rollout_engine == "vllm" and on_gpu:
-            options = {"gpu_memory_utilization": 0.85, **cfg.engine_options}
-            eparts, notes, ok = engine_parts(s, options, capacity, "host", 0, context)
-            parts.update(eparts)
-        elif cfg.rollout_engine == "vllm":  # CPU: vLLM's KV cache is the kv_cache_gib it is given
-            kv = float({"kv_cache_gib": 1.0, **cfg.engine_options}["kv_cache_gib"])
-            parts.update({"engine_weights": 2 * s.params() / GIB, "engine_kv_cache": kv})
-        else:  # the hf engine: the learner's weights, a KV cache per concurrent rollout
-            rollouts = min(cfg.prompts_per_step * cfg.rollouts_per_prompt, 32)
-            parts["engine_kv_cache"] = rollouts * seq * s.kv_bytes_per_token(4 if spec.precision == "fp32" else 2) \
-                / GIB
-        gpus_list.append(GPU("learner+rollout" if on_gpu else "cpu", 1, capacity, parts, notes, ok))
-        placement = f"one process: the learner and the {cfg.rollout_engine} rollout engine on one " \
-                    f"{'GPU' if on_gpu else 'machine (host memory)'}"
+        gpus_list, needed, placement = _one_process(cfg, s, spec, learner, capacity, on_gpu, seq, context)
     plan = Plan(recipe, "rl", cfg.model, s, placement, gpus_list, needed, gpus, _settings(spec, cfg, receive),
-                _both(s, spec), [])
+                _both(s, spec), [], host)
     plan.advice = _advice(plan, s, spec, cfg, capacity, "rl")
     return plan
+
+
+def _separate(cfg: Any, s: Shape, learner: dict[str, float], capacity: float, receive: str, context: int
+              ) -> tuple[list[GPU], int, str]:
+    """`distributed: ray`, separate placement: learner GPUs, and vLLM rollout GPUs receiving the push."""
+    world = cfg.ray.learners
+    options = dict(cfg.ray.engine_options)
+    tp = int(options.get("tensor_parallel_size", 1))
+    gpus_list = [GPU("learner", world, capacity, learner)]
+    needed = int(world * cfg.ray.gpus_per_learner)
+    if cfg.ray.rollout_engine == "vllm" and cfg.ray.gpus_per_rollout_worker > 0:
+        parts, notes, ok = engine_parts(s, options, capacity, receive, cfg.ray.weight_bucket_mb, context)
+        gpus_list.append(GPU("rollout", cfg.ray.rollout_workers * tp, capacity, parts, notes, ok))
+        needed += int(cfg.ray.rollout_workers * cfg.ray.gpus_per_rollout_worker)
+    placement = (f"ray: {world} learner ranks (FSDP2) and {cfg.ray.rollout_workers} {cfg.ray.rollout_engine} "
+                 f"rollout workers, on separate devices")
+    return gpus_list, needed, placement
+
+
+def _one_process(cfg: Any, s: Shape, spec: LearnerSpec, learner: dict[str, float], capacity: float, on_gpu: bool,
+                 seq: int, context: int) -> tuple[list[GPU], int, str]:
+    """`distributed: none`: the learner and its rollout engine in one process, on one GPU or on the host."""
+    parts = dict(learner)
+    notes: list[str] = []
+    ok = True
+    if cfg.rollout_engine == "vllm" and on_gpu:
+        options = {"gpu_memory_utilization": DEFAULT_UTILIZATION, **cfg.engine_options}
+        eparts, notes, ok = engine_parts(s, options, capacity, "host", 0, context)
+        parts.update(eparts)
+    elif cfg.rollout_engine == "vllm":  # CPU: vLLM's KV cache is the kv_cache_gib it is given
+        kv = float({"kv_cache_gib": 1.0, **cfg.engine_options}["kv_cache_gib"])
+        parts.update({"engine_weights": 2 * s.params() / GIB, "engine_kv_cache": kv})
+    else:  # the hf engine: the learner's weights, a KV cache per concurrent rollout
+        rollouts = min(cfg.prompts_per_step * cfg.rollouts_per_prompt, 32)
+        parts["engine_kv_cache"] = rollouts * seq * s.kv_bytes_per_token(4 if spec.precision == "fp32" else 2) / GIB
+    gpu = GPU("learner+rollout" if on_gpu else "cpu", 1, capacity, parts, notes, ok)
+    placement = f"one process: the learner and the {cfg.rollout_engine} rollout engine on one " \
+                f"{'GPU' if on_gpu else 'machine (host memory)'}"
+    return [gpu], 1 if on_gpu else 0, placement
+
+
+# ------------------------------------------------------------------------------------------------ colocated
+def _colocated(cfg: Any) -> bool:
+    """A colocated placement the plan models: vLLM engines (the hf engine's own weights are not planned)."""
+    engine = cfg.ray.rollout_engine if cfg.distributed == "ray" else cfg.rollout_engine
+    return getattr(cfg, "placement", "separate") == "colocated" and engine == "vllm"
+
+
+def colocated_phases(cfg: Any, s: Shape, learner: dict[str, float], capacity: float, receive: str, context: int,
+                     host_memory_gib: float | None = None) -> tuple[list[GPU], int, str, Host]:
+    """Each GPU of a colocated placement holds one learner rank and one engine shard (`ray.rollout_workers` x
+    tensor_parallel_size = `ray.learners`; one GPU without Ray), in two phases planned apart; the GPU must fit the
+    larger. Rollout: vLLM awake (its `gpu_memory_utilization` share: weights, forward, KV cache) beside what the
+    learner keeps between updates (`resident_parts`). Update: the learner's peak (`learner_parts`, as the separate
+    plan) beside the sleeping engine (`VLLM_ASLEEP_GIB`) and the in-place push: the engine's weights woken to receive
+    it and the push's transient (`receive`: a bucket, the whole bf16 model, or nothing through the host). Both are
+    counted beside the peak: PyTorch's caching allocator keeps the update's blocks reserved until the learner empties
+    it, and vLLM's weights are allocated outside that cache. The host holds the weights at sleep level 1, checked
+    against `host_memory_gib` when given."""
+    ray = cfg.distributed == "ray"
+    options = {"gpu_memory_utilization": DEFAULT_UTILIZATION, **(cfg.ray.engine_options if ray else cfg.engine_options)}
+    tp = int(options.get("tensor_parallel_size", 1))
+    gpus = cfg.ray.learners if ray else 1
+    engines = cfg.ray.rollout_workers if ray else 1
+    if engines * tp != gpus:
+        where = "ray.rollout_workers x ray.engine_options.tensor_parallel_size" if ray else \
+            "engine_options.tensor_parallel_size"
+        raise PlanError(f"placement: colocated puts one engine shard beside each learner rank, one GPU each: "
+                        f"{engines} engine(s) x tensor parallel {tp} on {gpus} GPU(s); set {where} to "
+                        f"{'ray.learners' if ray else '1'} ({gpus})")
+    vllm, notes, ok = engine_parts(s, options, capacity, "host", 0, context)
+    rollout = GPU("rollout phase", gpus, capacity, {**resident_parts(learner), **vllm}, notes, ok)
+    weights = 2 * s.params() / tp / GIB
+    update = dict(learner)
+    update["vllm_asleep"] = VLLM_ASLEEP_GIB
+    if cfg.sleep_level == 1:
+        update["(vllm: weights in host memory)"] = weights
+    update["vllm_weights_woken_for_push"] = weights
+    update["push_transient"] = push_transient(s, receive, cfg.ray.weight_bucket_mb, weights)
+    kept = "weights to host memory" if cfg.sleep_level == 1 else "weights dropped (the push brings them)"
+    upd_notes = [f"sleep level {cfg.sleep_level}: KV cache dropped, {kept}; the push wakes the weights first "
+                 f"(counted beside the learner's peak)"]
+    gpus_list = [rollout, GPU("update phase", gpus, capacity, update, upd_notes)]
+    host = Host(gpus * weights if cfg.sleep_level == 1 else 0.0, host_memory_gib)
+    engine = "a vLLM engine" if tp == 1 else f"a shard of a vLLM engine (tensor parallel {tp})"
+    where = "one GPU holds the learner (one process)" if gpus == 1 else f"{gpus} GPUs, each a learner rank (FSDP2)"
+    placement = (f"colocated: {where} and {engine}, which sleeps (level {cfg.sleep_level}) through the update; "
+                 f"{'the' if gpus == 1 else 'each'} GPU must fit the larger of two phases")
+    needed = int(gpus * max(cfg.ray.gpus_per_learner, 1.0)) if ray else 1
+    return gpus_list, needed, placement, host
+
+
+def resident_parts(learner: dict[str, float]) -> dict[str, float]:
+    """What a colocated learner keeps on its GPU between updates (GiB): its fp32 master weights and AdamW's moments
+    (no optimizer offload), the allocator's slack on them and its runtime. Gradients are freed by each optimizer
+    step (zero_grad(set_to_none=True)), the activations and compute copies by the update's end, and the learner
+    returns its allocator's cache (torch.cuda.empty_cache) before the engine's KV cache wakes."""
+    parts = {k: learner[k] for k in ("weights_fp32_shard", "optimizer_adamw")}
+    parts["fragmentation"] = FRAGMENTATION * sum(parts.values())
+    parts["runtime"] = learner["runtime"]
+    return parts
+
+
+def push_transient(s: Shape, receive: str, bucket_mb: float, weights_gib: float) -> float:
+    """GiB the in-place push holds beside the engine's woken weights: one bucket (whole layers: at least the bf16
+    embedding), the whole bf16 model, or nothing (through host memory)."""
+    if receive == "model":
+        return weights_gib
+    if receive == "bucket":
+        return max(bucket_mb * 2**20, 2 * s.vocab * s.hidden) / GIB
+    return 0.0
 
 
 def plan_sft(cfg: Any, *, recipe: str = "", gpu_memory_gib: float | None = None, gpus: int | None = None,
@@ -393,7 +512,9 @@ def _settings(spec: LearnerSpec, cfg: Any, receive: str | None) -> dict[str, Any
            "sequence_tokens": spec.seq, "attention_mask_4d": spec.masked, "gradient_checkpointing": spec.checkpointing,
            "logits": f"chunks of {spec.logits_chunk} tokens" if spec.logits_chunk else "full fp32 [tokens x vocab]"
            + (" (the cross-entropy's)" if spec.kind == "sft" else "")}
-    if receive is not None and getattr(cfg, "distributed", "none") == "ray":
+    if receive is not None and _colocated(cfg):
+        out |= {"placement": "colocated", "sleep_level": cfg.sleep_level, "push_transient": receive}
+    elif receive is not None and getattr(cfg, "distributed", "none") == "ray":
         out["receive_buffers"] = receive
     return out
 
@@ -418,6 +539,8 @@ def _advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float, 
     if plan.gpus_given is not None and plan.gpus_given < plan.gpus_needed:
         out.append(f"the placement needs {plan.gpus_needed} GPUs and {plan.gpus_given} are given: lower "
                    f"ray.learners or ray.rollout_workers, or add GPUs")
+    if plan.host is not None:  # colocated: two phases of one GPU
+        return out + _colocated_advice(plan, s, spec, cfg, capacity)
     for g in plan.gpus:
         if g.fits:
             continue
@@ -430,6 +553,44 @@ def _advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float, 
     return out
 
 
+def _colocated_advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float) -> list[str]:
+    """What makes each phase of a colocated plan fit: vLLM's share in the rollout phase, the learner's settings in
+    the update phase (in what the sleeping engine and the push leave it), sleep level 2 for the host."""
+    rollout, update = plan.gpus
+    out: list[str] = []
+    if not rollout.fits or not rollout.ok:
+        out += _colocated_util_advice(rollout, capacity, cfg, spec.world)
+    if not update.fits:
+        beside = sum(v for k, v in update.parts.items() if k.startswith(("vllm", "push")))
+        out += _learner_advice(s, spec, cfg, capacity - beside, "rl", colocated=True)
+    if plan.host is not None and not plan.host.fits:
+        out.append(f"set sleep_level: 2 (the sleeping engines' weights, {plan.host.offload_gib:.0f} GiB, are then not "
+                   f"kept in host memory, which has {plan.host.capacity_gib:.0f} GiB; the push brings new ones)")
+    return out
+
+
+def _colocated_util_advice(g: GPU, capacity: float, cfg: Any, world: int) -> list[str]:
+    """The gpu_memory_utilization that fits beside the learner's resident state and still holds one sequence's KV
+    cache; or, when none does, what shrinks the resident state."""
+    share = g.parts["vllm_gpu_memory_utilization"]
+    resident = g.total_gib - share
+    fixed = g.parts["(vllm: weights)"] + g.parts["(vllm: forward and graphs)"]
+    need = fixed + g.parts["(vllm: kv for one sequence)"]
+    best = int((capacity - resident) / capacity * 100) / 100
+    least = -int(-need / capacity * 100) / 100
+    where = "ray.engine_options" if cfg.distributed == "ray" else "engine_options"
+    if best >= least:
+        now = share / capacity
+        return [f"set {where}.gpu_memory_utilization: {best:.2f} (now {now:.2f}; {least:.2f} to {best:.2f} fit): "
+                f"vLLM's share must fit beside the learner's {resident:.1f} GiB resident (fp32 weights and AdamW "
+                f"moments) and hold one sequence's KV cache ({need:.1f} GiB with vLLM's weights and forward)"]
+    more = "more learner ranks (ray.learners, with as many engines: ray.rollout_workers) to shard it" if \
+        cfg.distributed == "ray" else "distributed: ray with several learner ranks to shard it"
+    return [f"the learner's {resident:.1f} GiB resident between updates (fp32 weights and AdamW moments over "
+            f"{world} rank(s)) leaves vLLM {capacity - resident:.1f} GiB, less than its weights, forward and one "
+            f"sequence's KV cache ({need:.1f} GiB): {more}, a bigger GPU, or placement: separate"]
+
+
 def _util_is_enough(g: GPU, capacity: float) -> bool:
     """A lower gpu_memory_utilization fits the GPU and still leaves vLLM a KV cache for one sequence."""
     others = g.total_gib - g.parts.get("vllm_gpu_memory_utilization", 0.0)
@@ -437,7 +598,8 @@ def _util_is_enough(g: GPU, capacity: float) -> bool:
     return capacity - others - fixed >= g.parts.get("(vllm: kv for one sequence)", 0.0) > 0
 
 
-def _learner_advice(s: Shape, spec: LearnerSpec, cfg: Any, share: float, kind: str) -> list[str]:
+def _learner_advice(s: Shape, spec: LearnerSpec, cfg: Any, share: float, kind: str, colocated: bool = False
+                    ) -> list[str]:
     if _learner_fits(s, spec, share):
         return []
     out = []
@@ -456,10 +618,14 @@ def _learner_advice(s: Shape, spec: LearnerSpec, cfg: Any, share: float, kind: s
             out.append(f"set micro_batch: {rows} (raise grad_accum to keep the batch) with gradient_checkpointing")
     for n in (2, 4, 8, 16, 32, 64, 128):  # what sharding alone does, at this micro-batch
         if n > spec.world and _learner_fits(s, dataclasses.replace(spec, world=n, precision="bf16"), share):
-            out.append(f"use more learner ranks: {n} ({'ray.learners' if kind == 'rl' else 'torchrun processes'}; "
-                       f"FSDP2 shards the weights, gradients and AdamW state)")
+            where = "ray.learners and as many engines, one GPU each" if colocated else \
+                "ray.learners" if kind == "rl" else "torchrun processes"
+            out.append(f"use more learner ranks: {n} ({where}; FSDP2 shards the weights, gradients and AdamW state)")
             break
-    if not out:
+    if not out and colocated:
+        out.append(f"no setting fits this learner in the {share:.0f} GiB the sleeping engine and the push leave it: "
+                   f"a bigger GPU, or placement: separate (the engines on GPUs of their own)")
+    elif not out:
         out.append(f"no setting fits this learner in {share:.0f} GiB: a bigger GPU, or log-probabilities in chunks")
     return out
 
@@ -506,6 +672,11 @@ def render(plan: Plan) -> str:
         for k, v in g.parts.items():
             lines.append(f"  {k:<32} {v:8.2f} GiB")
         lines += [f"  {n}" for n in g.notes]
+    if plan.host is not None:
+        where = f"of {plan.host.capacity_gib:.0f} GiB here" if plan.host.capacity_gib is not None else \
+            "not checked: the plan checks it on the node, before a run"
+        lines.append(f"host memory for the sleeping engines' weights: {plan.host.offload_gib:.1f} GiB ({where})"
+                     f"{'' if plan.host.fits else ' DOES NOT FIT'}")
     given = f" of {plan.gpus_given} given" if plan.gpus_given is not None else ""
     lines.append(f"GPUs needed: {plan.gpus_needed}{given}; fits: {'yes' if plan.fits else 'no'}")
     lines += [f"to fit: {x}" for x in plan.advice]
@@ -544,8 +715,8 @@ def check_before_run(cfg: Any, kind: str, recipe: str = "") -> Plan | None:
                         "gpu_memory_gib in the recipe)")
         return None
     try:
-        plan = plan_rl(cfg, recipe=recipe, gpu_memory_gib=memory) if kind == "rl" else \
-            plan_sft(cfg, recipe=recipe, gpu_memory_gib=memory)
+        plan = plan_rl(cfg, recipe=recipe, gpu_memory_gib=memory, host_memory_gib=_node_host_memory(cfg)) \
+            if kind == "rl" else plan_sft(cfg, recipe=recipe, gpu_memory_gib=memory)
     except ShapeError as e:
         log.warning("the memory plan cannot size this model (%s); starting without it", e)
         return None
@@ -555,3 +726,11 @@ def check_before_run(cfg: Any, kind: str, recipe: str = "") -> Plan | None:
     log.info("memory plan: fits (%s)", ", ".join(f"{g.role} {g.total_gib:.0f} of {g.capacity_gib:.0f} GiB"
                                                  for g in plan.gpus))
     return plan
+
+
+def _node_host_memory(cfg: Any) -> float | None:
+    """This machine's memory when a colocated run's engines sleep on it (one process, or a Ray cluster started
+    here), against which the plan checks their weights at sleep level 1; None otherwise (another node's)."""
+    if not _colocated(cfg) or (cfg.distributed == "ray" and cfg.ray.address is not None):
+        return None
+    return _host_memory_gib()
