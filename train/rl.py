@@ -39,6 +39,7 @@ from .learner.protocol import Learner
 from .learner.ray_group import RayConfig
 from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
 from .loss import grpo_advantages
+from .push_check import PushCheck, check_push
 from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .run_frame import RunFrame, resume_from, save_checkpoint
@@ -125,6 +126,9 @@ class RLConfig:
     # the SFT -> RL hand-off, on step 0's rollouts before the first update (start_check.py): a policy whose answers
     # the reward cannot read stops the run with what to fix; 0 turns a threshold off
     start_check: StartCheck = field(default_factory=StartCheck)
+    # after every push the engine and the learner score a fixed probe; past the bound (null: from their dtypes) the run
+    # stops with PushCheckError, a push that silently did nothing (push_check.py)
+    push_check: PushCheck = field(default_factory=PushCheck)
     seed: int = 0
     out: str = "runs/rl"
     save_every: int = 0  # steps; stage ends always save
@@ -352,12 +356,15 @@ class RLRun:
             gate.advance()
         if self.colocation is not None:
             await self.colocation.wake()
+        # the push checked, the engine awake: the probe's figures (push_check.py)
+        probe = await check_push(self.cfg.push_check, self.fmt, self.rollouts.engine, self.learner,
+                                 self.learner.step) if kept else {}
         metrics = {
             **self.rollouts.metrics(batch, stats, kept),
             "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,
             **lag_metrics(version, [v for i in fresh for v in batch.versions[i]]),
             "stale_groups_dropped": len(batch.groups) - len(fresh),
-            **roc_metrics, **upd,
+            **roc_metrics, **upd, **probe,
         }
         if store is not None:
             await asyncio.to_thread(self.rollouts.store, store, run_id, batch)

@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def dtype_name(dtype: Any) -> str | None:
+    """A torch dtype (or its name) as "fp32", "bf16" or "fp16"; None for anything else (a quantized engine)."""
+    name = str(dtype).removeprefix("torch.")
+    return {"float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+            "float16": "fp16", "half": "fp16", "fp16": "fp16"}.get(name)
+
+
 class EngineError(RuntimeError):
     """The engine could not generate (crashed, unreachable, bad request); the loop records it."""
 
@@ -60,7 +67,8 @@ class Engine(abc.ABC):
     `probe()`, which a remote engine uses to learn its context length and KV capacity before the first request;
     `stats()`, load figures for /health; `streams`, whether `on_tokens` hears tokens as they are produced (a
     watchdog can only judge progress where it does); `constrains`, whether it honours `SamplingParams.constraint`
-    (guided decoding: vllm in this process; the others refuse a constraint with EngineError)."""
+    (guided decoding: vllm in this process; the others refuse a constraint with EngineError); `score()`, the
+    teacher-forced logprobs of a sequence, computed in `compute_dtype` (hf, vllm, the Ray proxy, a pool)."""
 
     name: str = "engine"
     tokenizer: Any
@@ -71,6 +79,7 @@ class Engine(abc.ABC):
     endpoint: str | None = None
     streams: bool = True
     constrains: bool = False
+    compute_dtype: str | None = None  # what `score` computes in: "fp32", "bf16", "fp16" (dtype_name); None: unknown
 
     async def probe(self) -> None:  # noqa: B027 - optional: local engines know their limits at construction
         pass
@@ -92,6 +101,17 @@ class Engine(abc.ABC):
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Back from `sleep`: `["weights"]` (what a push writes into), then `["kv_cache"]`; None: both."""
         raise EngineError(f"the {self.name} engine cannot sleep: a colocated placement needs the vllm or hf engine")
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]`, each token given its prefix, at temperature 1 with no top-p
+        (the model's own distribution): what the RL step's checked weight push (train/push_check.py) compares with
+        the learner's. `start` >= 1. An engine that cannot score (a remote server) raises NotImplementedError."""
+        raise NotImplementedError(f"the {self.name} engine cannot score a sequence")
+
+    async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
+        """`score` on every copy of the weights this engine holds: one list here, one per replica in a pool (a push
+        reaches every replica, so a check reads every one)."""
+        return [await self.score(ids, start)]
 
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Swap in new weights (the trainer calls this after each update)."""

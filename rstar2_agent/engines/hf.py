@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,26 @@ class HFEngine(Engine):
                 if unexpected:
                     raise EngineError(f"unexpected weights: {unexpected[:5]}")
         await asyncio.to_thread(load)
+
+    @property
+    def compute_dtype(self) -> str | None:  # type: ignore[override]
+        return dtype_name(next(self.model.parameters()).dtype)
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]` at temperature 1 (see Engine.score): one forward pass over the
+        whole sequence, under the weights lock (never while a push loads, nor beside a batch's decoding)."""
+        if not 1 <= start < len(ids) or len(ids) > self.context_length:
+            raise EngineError(f"score needs 1 <= start < {len(ids)} tokens within the context "
+                              f"({self.context_length}), not start {start}")
+
+        @torch.inference_mode()
+        def run() -> list[float]:
+            with self._weights_lock:
+                tokens = torch.tensor([ids], device=self.device)
+                logits = self.model(input_ids=tokens, use_cache=False).logits[0, start - 1:-1].float()
+                return torch.log_softmax(logits, -1).gather(-1, tokens[0, start:, None])[:, 0].tolist()
+
+        return await asyncio.to_thread(run)
 
     async def close(self) -> None:
         if self._worker is not None:

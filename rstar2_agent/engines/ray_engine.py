@@ -52,7 +52,7 @@ class EngineActor:
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         self.engine = make_engine(self.kind, self.model_path, context_length=self.context_length, **self.options)
         return {"context_length": self.engine.context_length, "kv_capacity": self.engine.kv_capacity,
-                "max_batch": self.engine.max_batch}
+                "max_batch": self.engine.max_batch, "compute_dtype": self.engine.compute_dtype}
 
     async def generate(self, prompt_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
         assert self.engine is not None
@@ -62,6 +62,10 @@ class EngineActor:
         assert self.engine is not None
         await self.engine.load_weights(state_dict)
         return len(state_dict)
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        assert self.engine is not None
+        return await self.engine.score(ids, start)
 
     async def sleep(self, level: int) -> None:
         assert self.engine is not None
@@ -161,6 +165,7 @@ class RayEngine(Engine):
         self.context_length = int(info["context_length"])
         self.kv_capacity = info.get("kv_capacity")  # as the actor's engine reported it
         self.max_batch = int(info.get("max_batch") or 1)
+        self.compute_dtype = info.get("compute_dtype")  # as the actor's engine reported it
         self.spawn, self.max_restarts = spawn, max_restarts
         self.restarts = 0
         self.reruns = 0  # requests sent again after their actor died
@@ -240,6 +245,10 @@ class RayEngine(Engine):
             await asyncio.wait_for(self.actor.pid.remote(), timeout_s)
         except (TimeoutError, ray.exceptions.RayActorError) as e:
             await self.replace(incarnation, e)
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        """The actor's engine scores (Engine.score); a replacement actor scores with the weights it was given."""
+        return await self._call("score", list(ids), start)
 
     async def sleep(self, level: int = 1) -> None:
         await self._call("sleep", level)

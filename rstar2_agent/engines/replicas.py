@@ -185,6 +185,21 @@ class ReplicaPool(Engine):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         await asyncio.gather(*(e.load_weights(state_dict) for e in self.engines))
 
+    @property
+    def compute_dtype(self) -> str | None:  # type: ignore[override]
+        """fp32 when every replica computes in fp32; else the first other (None: unknown)."""
+        kinds = [e.compute_dtype for e in self.engines]
+        return next((k for k in kinds if k != "fp32"), "fp32")
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        """The first replica's scores (they all hold the same weights; `score_each` asks every one)."""
+        return await self.engines[0].score(ids, start)
+
+    async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
+        """Every replica's scores, in replica order (a push reaches every one: a check reads every one)."""
+        parts = await asyncio.gather(*(e.score_each(ids, start) for e in self.engines))
+        return [scores for part in parts for scores in part]
+
     async def sleep(self, level: int = 1) -> None:
         await asyncio.gather(*(e.sleep(level) for e in self.engines))
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from .. import devices, processes
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
 from .vllm_transfer import transfer_config
 from .weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
@@ -240,6 +240,38 @@ class VLLMEngine(Engine):
             logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
         return Generation(ids, logprobs, "length" if finish == "length" else "stop",
                           stop_reason if isinstance(stop_reason, str) else None)
+
+    @property
+    def compute_dtype(self) -> str | None:  # type: ignore[override]
+        return dtype_name(self.weights_dtype)
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]` (see Engine.score), as vLLM's prompt logprobs of a one-token
+        request: with `prompt_logprobs=0` each prompt position i >= 1 holds exactly the logprob of prompt token i
+        given ids[:i] (vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`: log-softmax of the raw
+        logits, no temperature or top-p, whatever the logprobs mode; vllm/v1/engine/logprobs.py puts None at
+        position 0). The request skips the prefix cache (vLLM sets skip_reading_prefix_cache for it), so every
+        position is computed by this request's own forward pass."""
+        from vllm import SamplingParams as VSampling
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not 1 <= start < len(ids) or len(ids) >= self.context_length:
+            raise EngineError(f"score needs 1 <= start < {len(ids)} tokens within the context "
+                              f"({self.context_length}), not start {start}")
+        params = VSampling(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                           output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        try:
+            (prompt,) = await self.engine.renderer.render_cmpl_async([TokensPrompt(prompt_token_ids=list(ids))])
+            async for out in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
+                final = out
+        except Exception as e:  # noqa: BLE001
+            raise EngineError(f"vLLM could not score the sequence: {type(e).__name__}: {e}") from e
+        rows = list(final.prompt_logprobs or []) if final is not None else []
+        if len(rows) != len(ids):
+            raise EngineError(f"vLLM returned {len(rows)} prompt logprobs for {len(ids)} tokens")
+        return [rows[i][ids[i]].logprob for i in range(start, len(ids))]
 
     async def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (the engine is built with enable_sleep_mode on a GPU, `sleep_mode`): level 1 offloads

@@ -118,6 +118,16 @@ class ProgressWatch(Engine):
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         await self.inner.load_weights(state_dict)
 
+    @property
+    def compute_dtype(self) -> str | None:  # type: ignore[override]
+        return getattr(self.inner, "compute_dtype", None)
+
+    async def score(self, ids: list[int], start: int) -> list[float]:
+        return await self.inner.score(ids, start)
+
+    async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
+        return await self.inner.score_each(ids, start)
+
     async def sleep(self, level: int = 1) -> None:
         await self.inner.sleep(level)
 

@@ -194,6 +194,28 @@ class TorchLearner:
             out = self.model(**batch, use_cache=False).logits
         return out[..., 0], out[..., 1]
 
+    @property
+    def compute_dtype(self) -> str:
+        """What the forward passes compute in: bf16 (autocast, or FSDP's bf16 parameters) or fp32."""
+        return "bf16" if self.bf16 else "fp32"
+
+    @torch.no_grad()
+    def score(self, ids: list[int], start: int, chunk: int = 1024) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]` at temperature 1, by the update's own path (the chunked head,
+        autocast as the update runs it): the learner's side of the checked weight push (train/push_check.py).
+        Under FSDP every rank must call it (the forward gathers the shards); each gets the same list."""
+        if not 1 <= start < len(ids):
+            raise ValueError(f"score needs 1 <= start < {len(ids)}, not {start}")
+        training = self.model.training
+        self.model.eval()
+        try:
+            tokens = torch.tensor([ids])
+            logp, _ = self.chunked_logprobs({"input_ids": tokens, "attention_mask": torch.ones_like(tokens)}, 1.0,
+                                            chunk)
+        finally:
+            self.model.train(training)
+        return logp[0, start - 1:].float().tolist()
+
     def sft_loss(self, batch: dict[str, torch.Tensor], denominator: int) -> torch.Tensor:
         """Summed token cross-entropy on the labelled tokens / denominator (all target tokens of the step,
         so micro-batches of any size weigh each token the same). Backward is the caller's: under FSDP, times the

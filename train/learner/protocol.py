@@ -25,6 +25,10 @@ class Learner(Protocol):
     async def push(self, engine: Engine) -> None:
         """The current weights into the rollout engine (nothing when the engine shares them)."""
 
+    def score(self, ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]` at temperature 1 (the checked weight push, push_check.py);
+        `compute_dtype` ("fp32" or "bf16") says what they are computed in."""
+
     def save(self, folder: str | Path, extra: dict[str, Any], meta: dict[str, Any]) -> Path:
         """An HF folder plus the state a resume needs, written atomically; returns the folder."""
 

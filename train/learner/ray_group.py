@@ -170,6 +170,13 @@ class LearnerActor:
 
         return ppo_update(self.learner, minis, cfg, totals, batches=batches, scale=self.world)
 
+    def score(self, ids: list[int], start: int) -> list[float]:
+        """Every rank runs the forward (FSDP gathers the shards); the push check reads rank 0's."""
+        return self.learner.score(ids, start)
+
+    def compute_dtype(self) -> str:
+        return self.learner.compute_dtype
+
     def weights(self, dtype: str | None) -> list[Any]:
         """Every rank gathers; rank 0 puts the full state dict into the object store and returns [its ref]."""
         import ray
@@ -380,6 +387,18 @@ class LearnerGroup:
         shares = {k for p in parts for k in p} - set(same)
         summed = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(shares)}
         return {**summed, **{k: parts[0][k] for k in same}, "update_tokens": total_tokens}
+
+    def score(self, ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprobs of `ids[start:]` (TorchLearner.score): every rank takes part in the forward,
+        rank 0's result is returned."""
+        return self._all("score", list(ids), start)[0]
+
+    @property
+    def compute_dtype(self) -> str:
+        """Rank 0's (every rank computes alike)."""
+        import ray
+
+        return ray.get(self.actors[0].compute_dtype.remote())
 
     def weights(self) -> Any:
         """A Ray object reference to the full state dict (bf16 for vLLM rollout workers)."""
