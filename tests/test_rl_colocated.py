@@ -26,7 +26,7 @@ def test_colocated_trains_as_the_one_process_path_with_the_hf_engine_on_weights_
     """The one-process path's hf engine shares the learner's model; colocated, the engine holds weights of its own
     that sleep through each update and get the new weights pushed: the same rollouts and the same losses."""
     seen: list[Colocation] = []
-    monkeypatch.setattr(rl, "Colocation", lambda *a: seen.append(Colocation(*a)) or seen[-1])
+    monkeypatch.setattr(rl, "Colocation", lambda *a, **k: seen.append(Colocation(*a, **k)) or seen[-1])
 
     async def parity(self, traj, gold):  # a hand-set reward with signal: the random tiny model answers nothing
         return float(sum(traj.response_ids) % 2)
@@ -39,7 +39,9 @@ def test_colocated_trains_as_the_one_process_path_with_the_hf_engine_on_weights_
     (colocation,) = seen
     pushes = sum(1 for m in colocated if m["update_tokens"] > 0)
     assert pushes >= 1  # the weights moved, so equal rollouts after a step mean the push reached the engine
-    expected = [c for m in colocated for c in (STEP if m["update_tokens"] > 0 else ["sleep(1)", "wake(all)"])]
+    step = [STEP[0], "release", *STEP[1:]]  # the learner's cached memory released before the engine wakes
+    idle = ["sleep(1)", "release", "wake(all)"]  # a step that kept nothing: no push
+    expected = [c for m in colocated for c in (step if m["update_tokens"] > 0 else idle)]
     assert colocation.calls == expected and not colocation.asleep
     for a, b in zip(shared, colocated, strict=True):
         assert a["response_tokens"] == b["response_tokens"] and a["update_tokens"] == b["update_tokens"]

@@ -255,7 +255,8 @@ class RLRun:
             engine, sandbox = await self.backend.rollout(self.resolved, self.learner)
         self.rollouts.attach(engine, sandbox, version=self.learner.step, owns_engine=self.given_engine is None)
         # colocated: the engine sleeps through each update (learner/colocated.py)
-        self.colocation = Colocation(engine, self.cfg.sleep_level) if self.cfg.placement == "colocated" else None
+        self.colocation = Colocation(engine, self.cfg.sleep_level, release=self.learner.release_memory) \
+            if self.cfg.placement == "colocated" else None
         await sandbox.start()
 
     # ------------------------------------------------------------------ update

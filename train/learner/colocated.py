@@ -24,6 +24,7 @@ tests assert and a run's log shows.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 class Colocation:
     engine: Engine
     level: int = 1
+    # the learner's cached accelerator memory back to the GPU after the update, before the engine wakes (else the
+    # update's peak stays reserved beside vLLM's KV cache: the memory plan's rollout phase assumes it is released)
+    release: Callable[[], None] | None = None
     calls: list[str] = field(default_factory=list)  # the order of the calls: sleep(1), wake(weights), push, ...
     asleep: bool = False  # the KV cache (and, unless a push woke them, the weights) given back
     weights_awake: bool = True
@@ -50,6 +54,7 @@ class Colocation:
     async def push(self, push: Callable[[], Awaitable[None]]) -> None:
         """The new weights into the engine: its weights woken first (vLLM writes into its own parameters)."""
         if not self.weights_awake:
+            await self._release()
             self.calls.append("wake(weights)")
             await self.engine.wake_up(["weights"])
             self.weights_awake = True
@@ -60,7 +65,14 @@ class Colocation:
         """Before the next rollouts: the KV cache, and the weights too when no push woke them (nothing was kept)."""
         if not self.asleep:
             return
+        if not self.weights_awake:
+            await self._release()
         tags = ["kv_cache"] if self.weights_awake else None
         self.calls.append(f"wake({'kv_cache' if tags else 'all'})")
         await self.engine.wake_up(tags)
         self.asleep, self.weights_awake = False, True
+
+    async def _release(self) -> None:
+        if self.release is not None:
+            self.calls.append("release")
+            await asyncio.to_thread(self.release)

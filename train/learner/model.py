@@ -169,6 +169,12 @@ class TorchLearner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, self.total_steps, c))
         return opt
 
+    def release_memory(self) -> None:
+        """Give the accelerator memory the caching allocator holds but no tensor uses back to the device (the
+        colocated placement: the update's activations and transients, before the engine on the same GPU wakes)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def reset_optimizer(self, restart_schedule: bool = False) -> None:
         """A fresh optimizer state (RL's stage 3: the paper resets the state, not the schedule): Adam's moments
         and step counts are dropped and the learning-rate schedule goes on where it was; `restart_schedule` also

@@ -35,6 +35,9 @@ class Learner(Protocol):
     def load_state(self, folder: str | Path) -> dict[str, Any]:
         """Optimizer, schedule, step and RNG from a checkpoint this learner was built from; the saved `extra`."""
 
+    def release_memory(self) -> None:
+        """The accelerator memory cached but unused after an update back to the device (colocated placement)."""
+
     def reset_optimizer(self, restart_schedule: bool = False) -> None:
         """A fresh optimizer state (RL's stage 3); the schedule goes on unless `restart_schedule`."""
 

@@ -303,6 +303,9 @@ class LearnerActor:
     def reset_optimizer(self, restart_schedule: bool = False) -> None:
         self.learner.reset_optimizer(restart_schedule)
 
+    def release_memory(self) -> None:
+        self.learner.release_memory()
+
     def shutdown(self) -> None:
         import torch
 
@@ -496,6 +499,10 @@ class LearnerGroup:
 
     def reset_optimizer(self, restart_schedule: bool = False) -> None:
         self._all("reset_optimizer", restart_schedule)
+
+    def release_memory(self) -> None:
+        """Every rank's cached accelerator memory back to its GPU (colocated: before the engine there wakes)."""
+        self._all("release_memory")
 
     def _remove_placement(self) -> None:
         from ray.util.placement_group import remove_placement_group
