@@ -24,6 +24,9 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
    after torch.cuda.is_available() cannot); which SDPA kernels the learner's padded, unpadded and packed masks
    allow at --sdpa-seq on a Qwen3-14B attention; one FSDP2 rank over NCCL: an update, the optimizer step and the
    full-state gather.
+6. colocated (bench/gpu_colocated.py): two RL steps as `placement: colocated` runs them on one GPU (the learner and
+   an hf engine with weights of its own, sleeping through the update, the push in place, the push check): each
+   phase's peak memory beside the plan's, learner tokens/s and MFU.
 
 On the device machine (one H200, a few minutes):   bash bench/gpu_check.sh --out $OUT/gpu.json
 Here, on CPU (seconds):                             .venv/bin/python bench/gpu_check.py --device cpu --tiny
@@ -77,13 +80,16 @@ def project_imports() -> None:
         rstar2_agent.train = mod  # type: ignore[attr-defined]
 
 
+def sibling(name: str) -> Any:
+    """A module of bench/ beside this file, as a sibling (this file run as a script) or in its package (`rstar2 bench
+    gpu`)."""
+    import importlib
+
+    return importlib.import_module(f".{name}", __package__) if __package__ else importlib.import_module(name)
+
+
 def gpu_probes() -> Any:
-    """bench/gpu_probes.py, as a sibling module (this file run as a script) or in its package (`rstar2 bench gpu`)."""
-    if __package__:
-        from . import gpu_probes as probes
-    else:
-        import gpu_probes as probes
-    return probes
+    return sibling("gpu_probes")
 
 
 def sync(device: torch.device) -> None:
@@ -429,7 +435,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mem-layers", default="2,4", help="memory probe: the depths (comma-separated)")
     ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
     ap.add_argument("--skip", default="",
-                    help="comma-separated parts to skip: learner, generation, parity, memory, fork, sdpa, fsdp")
+                    help="comma-separated parts to skip: learner, generation, parity, memory, fork, sdpa, fsdp, "
+                         "colocated")
     args = ap.parse_args(argv)
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
              "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
@@ -496,6 +503,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             loop.close()
     result["memory"] = part("memory", memory_probe, args, device)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # 6. the colocated step, on a model of its own
+        folder = Path(tmp)
+        colocated = part("model", write_model, folder, args.tiny, device) if "colocated" not in skip else None
+        if colocated is not None:
+            result["colocated"] = part("colocated", sibling("gpu_colocated").colocated_step, folder, colocated, args,
+                                       device, PeakMemory(device), say)
+            free(device)
     return finish(result, args, t_start)
 
 
