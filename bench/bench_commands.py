@@ -185,6 +185,27 @@ def tool_stream_bench_cmd(model, rounds, max_tokens) -> None:
                   f"({first / whole:.2f} of it); the stream ends at {total * 1000:.0f} ms ({total / whole:.2f}x)")
 
 
+@bench_group.command("colocated")
+@click.option("--steps", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
+def colocated_bench_cmd(steps, rounds) -> None:
+    """placement: colocated against the one-process path on the tiny model: the same losses, step times, the push's
+    probe figure."""
+    from rich.console import Console
+
+    from .colocated import run_bench, summary
+
+    console = Console()
+    with console.status("training both ways, alternating ..."):
+        out = summary(run_bench(steps, rounds))
+    for name, median in out["step_s_median"].items():
+        norms = "; ".join(", ".join(f"{g:.4f}" for g in r) for r in out["grad_norms"][name])
+        console.print(f"{name}: median step {median:.2f} s; grad norms per round: {norms}")
+    console.print(f"same losses and gradient norms: {out['same_losses']}; colocated / one process step time = "
+                  f"{out['step_time_ratio']:.2f}; push median {out['push_s_median'] * 1000:.0f} ms; push probe max "
+                  f"abs diff per push: {', '.join(f'{x:.2g}' for x in out['probe_max_abs_diff'])}")
+
+
 @bench_group.command("eval")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--engine", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True)
