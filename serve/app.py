@@ -1,9 +1,12 @@
 """`rstar2 serve`: an OpenAI-compatible API whose server runs the Python tool itself.
 
-- POST /v1/chat/completions without `tools`: the server runs the agent loop (generate, run the Python tool
-  in the sandbox, continue) and returns the assistant's text; the whole trajectory rides along in the
-  message's `rstar2` extension field. With `tools`: a standard server: one generation, tool calls parsed
-  by the shared parser and returned as `tool_calls` for the client to run; `tool` messages are accepted.
+- POST /v1/chat/completions without `tools`: the server runs the agent loop (generate, run the Python tool in the
+  sandbox, continue); the whole trajectory rides along in the message's `rstar2` extension field. With `tools`: a
+  standard server: one generation, the client's calls returned as `tool_calls` for the client to run (`tool`
+  messages are accepted); `tool_choice` "required" or named is enforced by guided decoding on an engine that
+  constrains (vllm). Both forms split the reasoning from the answer (`reasoning_content`) and, streamed, send
+  content, reasoning and call deltas as they are generated, through one parser (rstar2_agent/reply_stream.py).
+- POST /v1/responses (responses.py): the Responses API, `code_interpreter` run by the server's sandbox.
 - POST /v1/completions: text or token ids in, text, token ids and logprobs out (what the `openai` engine uses).
 - GET /v1/models, /health, /metrics (Prometheus).
 """
