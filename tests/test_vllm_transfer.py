@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rstar2_agent.engines.vllm_transfer import BACKEND, RolloutClient, register, source, transfer_config
+from rstar2_agent.engines.vllm_transfer import BACKEND, IPC_BACKEND, RolloutClient, register, source, transfer_config
 
 
 def test_vllms_transfer_is_on_for_gpus_only():
@@ -17,8 +17,13 @@ def test_vllms_transfer_is_on_for_gpus_only():
     assert transfer_config(on_gpu=True, weight_transfer="fallback") is None
     with pytest.raises(ValueError, match="needs a GPU"):
         transfer_config(on_gpu=False, weight_transfer="vllm")
-    with pytest.raises(ValueError, match="auto, vllm or fallback"):
+    with pytest.raises(ValueError, match="auto, vllm, ipc or fallback"):
         transfer_config(on_gpu=True, weight_transfer="nccl")
+    # colocated: CUDA IPC to an engine on the learner's GPU; on a CPU the CPU push, as auto
+    assert transfer_config(on_gpu=True, weight_transfer="ipc") == {"backend": IPC_BACKEND}
+    assert transfer_config(on_gpu=False, weight_transfer="ipc") is None
+    client = RolloutClient([object(), object()], [1, 1], 10.0, ipc=True)
+    assert client.init_payloads({"packed": False}) == [{"packed": False}] * 2  # IPC has no group, so no rank offsets
 
 
 def test_vllm_takes_the_transfer_config_and_resolves_the_backend(smol):
@@ -37,6 +42,10 @@ def test_vllm_takes_the_transfer_config_and_resolves_the_backend(smol):
     register()  # twice is harmless
     engine_cls = WeightTransferEngineFactory._registry[BACKEND]()
     assert issubclass(engine_cls, NCCLWeightTransferEngine) and engine_cls.__name__ == "CheckedNCCLEngine"
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+
+    ipc_cls = WeightTransferEngineFactory._registry[IPC_BACKEND]()  # the colocated push's, names checked the same way
+    assert issubclass(ipc_cls, IPCWeightTransferEngine) and ipc_cls.__name__ == "CheckedIPCEngine"
 
 
 def test_the_source_is_what_vllms_trainer_engine_declared_in_bf16(tiny_smollm2):
