@@ -142,6 +142,8 @@ class Conversation:
     async def ask(self, text: str) -> Trajectory:
         """Answer `text` in the conversation and keep the answer in it. An answer the engine failed, or one that
         is cancelled (Ctrl-C), leaves the conversation as it was before the question."""
+        if not self.ids:  # a remote engine learns its context length from its server first
+            await self.engine.probe()
         prompt = self.prompt_ids(text)
         context = self.engine.context_length
         if len(prompt) >= context:

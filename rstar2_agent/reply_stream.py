@@ -27,12 +27,14 @@ others. In the server's own loop (`calls_as_reasoning`) a call block is part of 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .chat_format import FIXED_TEMPLATE
+from .tool_calls import new_call_id
+
 OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
-RSTAR2_PROFILES = ("rstar2-paper", "rstar2-release")
+RSTAR2_PROFILES = FIXED_TEMPLATE  # the rStar2 profiles: the answer block is the content
 _WS = " \t\r\n"
 
 
@@ -118,17 +120,22 @@ def _head(body: str, tool_names: set[str]) -> tuple[str, int, str]:
 
 
 def _whole_call(body: str, tool_names: set[str]) -> tuple[str, dict[str, Any]] | None:
-    """A closed block that did not stream: a call when it is a JSON object with a known name and object arguments
-    (or a string holding one) and no other keys."""
+    """A closed block that did not stream: a call when it is a JSON object with a known name (a string), no keys but
+    "name" and "arguments", and object arguments (or a string holding one; none: {}, as the Hermes parser reads it)."""
     try:
         obj = json.loads(body)
-        args = obj["arguments"]
-        if isinstance(args, str):
-            args = json.loads(args)
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
-    ok = isinstance(obj, dict) and set(obj) == {"name", "arguments"} and obj["name"] in tool_names
-    return (obj["name"], args) if ok and isinstance(args, dict) else None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in tool_names \
+            or set(obj) - {"name", "arguments"}:
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
 
 
 def _held(text: str, markers: list[str]) -> int:
@@ -319,10 +326,6 @@ class ReplyParser:
             self._emit(out, "arguments", buf[:i])
         self.buf = buf[i:]
         return call.closed
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 def starts_in_reasoning(prompt_tail: str) -> bool:

@@ -9,13 +9,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def new_call_id() -> str:
+    """A call's id, as OpenAI's look (call_ and 24 hex digits)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 @dataclass
 class ToolCall:
     name: str
     arguments: dict[str, Any]
     raw: str = ""  # the text the model wrote for this call
     error: str | None = None  # set when the call cannot run; the loop answers with this message
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:16])
+    id: str = field(default_factory=new_call_id)
 
 
 def _schema(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

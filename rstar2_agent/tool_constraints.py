@@ -62,7 +62,7 @@ def tool_call_constraint(tools: list[dict[str, Any]], choice: str | dict[str, An
     docstring); `max_calls`: the most calls of a parallel "required" (None: no bound). Raises ValueError, saying what
     to send instead, for any other choice or a name not in `tools`."""
     functions = _functions(tools)
-    name = _named(choice)
+    name = named_function(choice)
     if name is not None:
         if name not in functions:
             raise ValueError(f"tool_choice names the function {name!r}, which is not in tools ({', '.join(functions)}):"
@@ -123,7 +123,7 @@ def _check(name: str, parameters: dict[str, Any]) -> None:
                          "features xgrammar supports, or tool_choice \"auto\"") from e
 
 
-def _named(choice: str | dict[str, Any]) -> str | None:
+def named_function(choice: Any) -> str | None:
     """The function an OpenAI named tool choice names, else None."""
     fn = choice.get("function") if isinstance(choice, dict) else None
     if isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str):

@@ -127,6 +127,7 @@ class Server:
         budget = req.budget() or self.cfg.max_tokens
         return AgentConfig(max_turns=req.max_turns or self.cfg.max_turns, max_response_tokens=budget,
                            tool_timeout=req.tool_timeout or self.cfg.tool_timeout,
+                           max_calls_per_turn=None if req.parallel_tool_calls else 1,
                            sampling=self.sampling(req, index, budget))
 
     async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
@@ -155,17 +156,18 @@ class Server:
 
     def loop_message(self, traj: Trajectory, req: ChatRequest, prompt: list[int]) -> dict[str, Any]:
         eos = self.format_for(req).eos_text
-        if not self.splits(req):  # the raw trajectory: generated text and the inserted tool responses
+        if not self.splits(req):  # the raw text the model generated, every turn (the tool responses are in rstar2)
             return {"role": "assistant", "content": traj.text.replace(eos, ""), "rstar2": trajectory_extension(traj)}
         reply = parse_reply([t.text.replace(eos, "") for t in traj.turns], self.reply_parser(req, prompt, loop=True))
         return {**reply_message(reply, True), "rstar2": trajectory_extension(traj)}
 
     # ------------------------------------------------------------------ chat: client-side tools
     async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int],
-                               on_deltas: Callable[[list[Delta]], None] | None = None):
+                               on_deltas: Callable[[list[Delta]], None] | None = None,
+                               constraint: dict[str, Any] | None = None):
         """One generation; its calls of the client's tools parsed as they are written. `on_deltas` hears each
         piece of content, reasoning and call as the tokens come (a stream); without it the text is parsed whole
-        (the same parser: the two forms agree)."""
+        (the same parser: the two forms agree). `constraint`: a forced call's (`forced_call`, built once a request)."""
         fmt = self.format_for(req)
         parser = self.reply_parser(req, prompt, tools=req.tools)
         deltas: list[Delta] = []
@@ -179,7 +181,7 @@ class Server:
             if on_deltas is not None else None
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
-                                 stop_token_ids=fmt.stop_token_ids, constraint=self.forced_call(req))
+                                 stop_token_ids=fmt.stop_token_ids, constraint=constraint)
         async with self.gate:
             gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
@@ -361,17 +363,18 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
-        server.forced_call(req)  # refused before anything runs
+        constraint = server.forced_call(req)  # refused before anything runs
         prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
         current_request.set(cid)  # the tasks below inherit it: a stall names the request
         if req.stream:
-            return StreamingResponse(stream_chat(server, req, cid, prompt), media_type="text/event-stream")
+            return StreamingResponse(stream_chat(server, req, cid, prompt, constraint),
+                                     media_type="text/event-stream")
         with m.in_flight.track_inprogress():
             if req.tools:
                 results = await until_done_or_gone(request, asyncio.gather(
-                    *(server.run_client_tools(req, i, prompt) for i in range(req.n))))
+                    *(server.run_client_tools(req, i, prompt, constraint=constraint) for i in range(req.n))))
                 choices = [{"index": i, "message": msg, "finish_reason": fin, "logprobs": None}
                            for i, (msg, fin, _, _, _) in enumerate(results)]
                 usage = _usage(results[0][2], sum(r[3] for r in results))
@@ -409,7 +412,8 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
 
 
 # ---------------------------------------------------------------------------------------------- streaming
-async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[int]) -> AsyncIterator[str]:
+async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[int],
+                      constraint: dict[str, Any] | None = None) -> AsyncIterator[str]:
     m = server.metrics
     current_request.set(cid)
     base = {"id": cid, "object": "chat.completion.chunk", "created": now(), "model": server.cfg.model_name}
@@ -442,7 +446,8 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
 
         try:
             if req.tools:
-                _, finish, _, _, _ = await server.run_client_tools(req, index, prompt, on_deltas=put)
+                _, finish, _, _, _ = await server.run_client_tools(req, index, prompt, on_deltas=put,
+                                                                   constraint=constraint)
                 queue.put_nowait(chunk(index, {}, finish))
             else:
                 traj = await server.run_loop(req, index, prompt, on_event)

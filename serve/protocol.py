@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rstar2_agent.tool_constraints import named_function
+
 MAX_N = 16
 MAX_STOP = 4
 MAX_TOOLS = 128
@@ -181,7 +183,7 @@ def _is_object_schema(schema: Any) -> bool:
 # Fields of OpenAI's or vLLM's API that these engines do not implement: the values that ask for nothing, and why
 # any other is refused (by name, instead of being served as if the field were not there).
 _SAMPLING = "the engines sample with temperature and top_p only"
-_GUIDED = "there is no guided decoding; ask for the shape in the prompt"
+_GUIDED = "guided decoding serves only a forced tool_choice here; ask for the shape in the prompt"
 NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "top_k": ((None, -1, 0), _SAMPLING), "min_p": ((None, 0), _SAMPLING),
     "repetition_penalty": ((None, 1), _SAMPLING), "length_penalty": ((None, 1), _SAMPLING),
@@ -195,7 +197,7 @@ NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None,), f"functions and function_call are the deprecated form of tools and tool_choice: send "
                            f"tools=[{_TOOL}]"),
     "function_call": ((None,), "functions and function_call are the deprecated form of tools and tool_choice: "
-                               'send tool_choice "auto" or "none" with tools'),
+                               'send tools with tool_choice ("auto", "none", "required" or a named function)'),
 }
 # OpenAI fields that change nothing a model generates here (bookkeeping), accepted without a warning.
 IGNORED = {"user", "metadata", "store", "service_tier", "request_id", "priority"}
@@ -269,7 +271,7 @@ class _Request(BaseModel):
                                              "it out")
         if self.response_format is not None and self.response_format.get("type") != "text":
             raise InvalidField("response_format.type", f"response_format {self.response_format.get('type')!r} is "
-                               'not supported (there is no guided decoding): send {"type": "text"} and ask for '
+                               'not supported (no JSON modes here): send {"type": "text"} and ask for '
                                "JSON in the prompt")
         if self.stream_options is not None:
             if not self.stream:
@@ -320,7 +322,7 @@ class ChatRequest(_Request):
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, choice: Any) -> Any:
-        if forced_name(choice) is None and choice not in (None, "none", "auto", "required"):
+        if named_function(choice) is None and choice not in (None, "none", "auto", "required"):
             raise InvalidField("tool_choice", 'tool_choice must be "none", "auto", "required" or '
                                f'{{"type": "function", "function": {{"name": "..."}}}}; got {choice!r}')
         return choice
@@ -330,7 +332,7 @@ class ChatRequest(_Request):
         names = [t["function"]["name"] for t in self.tools or []]
         if self.tool_choice not in (None, "none") and not names:
             raise InvalidField("tool_choice", "tool_choice needs tools: send the functions it chooses from in tools")
-        named = forced_name(self.tool_choice)
+        named = named_function(self.tool_choice)
         if named is not None and named not in names:
             raise InvalidField("tool_choice.function.name", f"tool_choice names {named!r}, which is not in tools "
                                f"({', '.join(names)}): name one of them")
@@ -347,7 +349,7 @@ class ChatRequest(_Request):
 
     def forces_call(self) -> bool:
         """tool_choice "required" or naming a function: the call must come (guided decoding enforces it)."""
-        return self.tool_choice == "required" or forced_name(self.tool_choice) is not None
+        return self.tool_choice == "required" or named_function(self.tool_choice) is not None
 
     def budget_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
@@ -386,14 +388,6 @@ class CompletionRequest(_Request):
             raise InvalidField("echo", "echo is not supported: the prompt is not returned with the completion; "
                                        "prepend it yourself")
         return self
-
-
-def forced_name(choice: Any) -> str | None:
-    """The function an OpenAI named tool choice names ({"type": "function", "function": {"name": ...}}), else None."""
-    fn = choice.get("function") if isinstance(choice, dict) else None
-    if isinstance(fn, dict) and choice.get("type") == "function" and isinstance(fn.get("name"), str):
-        return fn["name"]
-    return None
 
 
 def new_id(prefix: str) -> str:

@@ -112,8 +112,9 @@ class ResponsesRequest(BaseModel):
     def _tool_choice(cls, choice: Any) -> Any:
         if choice == "required" or isinstance(choice, dict):
             what = '"required"' if choice == "required" else f"naming a tool ({json.dumps(choice)[:80]})"
-            raise InvalidField("tool_choice", f"tool_choice {what} is not supported: a call cannot be forced (there "
-                                              'is no guided decoding here); use "auto" and ask for it in the input')
+            raise InvalidField("tool_choice", f"tool_choice {what} is not supported on /v1/responses: use \"auto\" "
+                                              "and ask for the call in the input, or /v1/chat/completions, which "
+                                              "forces calls on the vllm engine")
         if choice not in (None, "none", "auto"):
             raise InvalidField("tool_choice", f'tool_choice must be "none" or "auto"; got {choice!r}')
         return choice
@@ -124,7 +125,7 @@ class ResponsesRequest(BaseModel):
         fmt = (text or {}).get("format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-            raise InvalidField("text.format", f"text.format {kind!r} is not supported (there is no guided decoding): "
+            raise InvalidField("text.format", f"text.format {kind!r} is not supported (no JSON modes here): "
                                               'send {"type": "text"} and ask for JSON in the input')
         if (text or {}).get("verbosity") not in (None, "medium"):
             log.info("text.verbosity %r ignored: the model has one verbosity", text["verbosity"])

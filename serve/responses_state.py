@@ -150,13 +150,16 @@ class ContainerSandbox(Sandbox):
 
     def __init__(self, containers: Containers, container_id: str, existing: Container | None):
         self.containers, self.container_id, self.container = containers, container_id, existing
+        self.creating = asyncio.Lock()  # a turn's calls run at once: the first makes the container, the others wait
         if existing is not None:
             existing.users += 1
 
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
-        if self.container is None:
-            self.container = await self.containers.new(self.container_id)
-            self.container.users += 1
+        async with self.creating:
+            if self.container is None:
+                container = await self.containers.new(self.container_id)
+                container.users += 1
+                self.container = container
         return await self.containers.run(self.container, code, stdin, timeout)
 
     def release(self) -> None:

@@ -262,6 +262,9 @@ class ScriptedEngine:
     def prompt_text(self, k: int) -> str:
         return self.tokenizer.decode(self.prompts[k])
 
+    async def probe(self) -> None:  # the Engine interface: a local engine knows its limits
+        pass
+
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         from rstar2_agent.engines.base import Generation
 

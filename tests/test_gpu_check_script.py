@@ -30,6 +30,7 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
     assert len(memory["runs"]) == 8 and all(r["measured_gib"] >= 0 and r["estimate_gib"] > 0 for r in memory["runs"])
     assert len(memory["slopes"]) == 4
     colocated = report["colocated"]  # two colocated steps: the placement's calls, each phase measured, the probe
-    assert colocated["calls"] == ["sleep(1)", "release", "wake(weights)", "push", "wake(kv_cache)"] * 2
+    assert colocated["calls"] == ["sleep(1)", "release", "wake(weights)", "push", "release",
+                                  "wake(kv_cache)"] * 2
     assert colocated["probe_ok"] and all(s["update_peak_gib"] > 0 and s["plan_update_gib"] > 0
                                          and s["learner_tokens_per_s"] > 0 for s in colocated["steps"])

@@ -12,6 +12,7 @@ import pytest
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train import rl
 from rstar2_agent.train.learner.colocated import Colocation
+from rstar2_agent.train.learner.ray_group import RayConfig
 from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.rl import Stage, run_rl
 from rstar2_agent.train.rollouts import Rollouts
@@ -39,9 +40,10 @@ def test_colocated_trains_as_the_one_process_path_with_the_hf_engine_on_weights_
     (colocation,) = seen
     pushes = sum(1 for m in colocated if m["update_tokens"] > 0)
     assert pushes >= 1  # the weights moved, so equal rollouts after a step mean the push reached the engine
-    step = [STEP[0], "release", *STEP[1:]]  # the learner's cached memory released before the engine wakes
-    idle = ["sleep(1)", "release", "wake(all)"]  # a step that kept nothing: no push
-    expected = [c for m in colocated for c in (step if m["update_tokens"] > 0 else idle)]
+    # the learner's cached memory released before the weights wake and again before the KV cache does; a step that
+    # kept nothing leaves the engine awake (at sleep level 2 a wake without a push would leave it without weights)
+    step = ["sleep(1)", "release", "wake(weights)", "push", "release", "wake(kv_cache)"]
+    expected = [c for m in colocated if m["update_tokens"] > 0 for c in step]
     assert colocation.calls == expected and not colocation.asleep
     for a, b in zip(shared, colocated, strict=True):
         assert a["response_tokens"] == b["response_tokens"] and a["update_tokens"] == b["update_tokens"]
@@ -73,6 +75,8 @@ async def test_vllms_cpu_build_stays_awake_with_a_warning_and_generates_after_th
     (dict(partial_rollouts=True, rollout_engine="vllm"), "synchronous"),
     (dict(sleep_level=3), "sleep_level"),
     (dict(placement="shared"), "placement must be"),
+    (dict(distributed="ray", ray=RayConfig(learners=2, rollout_workers=1)), "rollout_workers to ray.learners"),
+    (dict(distributed="ray", ray=RayConfig(learners=1, rollout_workers=1, gpus_per_learner=1)), "CUDA IPC"),
 ])
 def test_colocated_recipes_that_cannot_run_are_refused_by_name(tmp_path, change, fragment):
     cfg = tiny(tmp_path, placement=change.pop("placement", "colocated"), **change)

@@ -182,7 +182,8 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         assert upd["update_tokens"] > 0 and run.learner.step == 1
         assert await run.sync_weights() > 0
         await run.colocation.wake()
-        assert run.colocation.calls == ["sleep(1)", "release", "wake(weights)", "push", "wake(kv_cache)"]
+        assert run.colocation.calls == ["sleep(1)", "release", "wake(weights)", "push", "release",
+                                         "wake(kv_cache)"]
         probe = await check_push(run.cfg.push_check, run.fmt, rollouts.engine, run.learner, run.learner.step)
         assert probe["push_probe_max_abs_diff"] < 1e-3  # every replica scored the pushed weights as the FSDP ranks do
         checkpoint = run.save(1, 0)

@@ -186,6 +186,11 @@ def check_placement(cfg: RLConfig) -> None:
         raise ValueError("placement: colocated runs one engine per GPU (data parallel across the node's GPUs): set "
                          "ray.engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
                          "span GPUs")
+    if cfg.distributed == "ray" and cfg.ray.gpus_per_learner > 0 and cfg.ray.weight_push == "collective" and not (
+            cfg.ray.rollout_engine == "vllm" and cfg.ray.vllm_weight_transfer):
+        raise ValueError("placement: colocated on GPUs pushes through vLLM's CUDA IPC transfer (NCCL cannot join the "
+                         "learner rank and the engine on one GPU): set ray.rollout_engine: vllm with "
+                         "ray.vllm_weight_transfer: true, or ray.weight_push: object_store")
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
                          f"not {cfg.sleep_level!r}")
@@ -337,8 +342,8 @@ class RLRun:
         fresh = [i for i, vs in enumerate(batch.versions) if min(vs, default=oldest_allowed) >= oldest_allowed]
         kept, roc_metrics, stats = self.down_sample(batch, [batch.groups[i] for i in fresh], batch.step)
         version = self.learner.step
-        if self.colocation is not None:  # the rollouts are done (synchronous): the GPU's memory to the learner
-            await self.colocation.sleep()
+        if self.colocation is not None and kept:  # the rollouts are done (synchronous): the GPU to the learner; a
+            await self.colocation.sleep()  # step that keeps nothing updates and pushes nothing, so the engine stays up
         t1 = time.perf_counter()
         stop = threading.Event()
         try:  # nothing kept: no gradient, the step still advances

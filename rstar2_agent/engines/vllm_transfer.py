@@ -1,4 +1,6 @@
-"""vLLM 0.32's own weight transfer for the push from the learner to vLLM rollout workers on GPUs.
+"""vLLM 0.32's own weight transfer for the push from the learner to vLLM rollout workers on GPUs: NCCL to engines on
+other GPUs (below), and CUDA IPC to an engine on the learner's own GPU (the colocated placement: `rstar2_ipc`,
+`push_in_place` in one process, `LoopClient`; from FSDP ranks, ray_group.join_vllm_ipc).
 
 vLLM's workers hold a weight transfer engine when started with `weight_transfer_config` (its NCCL backend: a
 watchdog-free PyNccl communicator of the trainer's rank 0 and every rollout worker, apart from torch.distributed).

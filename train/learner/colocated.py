@@ -5,15 +5,18 @@ With separate GPUs the paper's synchronous step leaves half of them idle: the le
 the engines for the update. Colocated, every GPU does both, one after the other, and the engine gives its memory
 back while the learner works. One step:
 
-    engines awake -> roll out -> sleep(sleep_level) -> the old-logprob pass and the update
-    -> wake the engines' weights -> push the new weights in place -> wake the KV cache -> the next step
+    engines awake -> roll out -> sleep(sleep_level) -> the old-logprob pass and the update -> release the
+    learner's cached memory -> wake the engines' weights -> push the new weights in place -> release again (the
+    push's transients) -> wake the KV cache -> the next step (a step that keeps nothing skips the cycle: at level 2
+    a wake without a push would leave the engine without weights)
 
 - vLLM's sleep mode: level 1 moves the weights to host memory and drops the KV cache (KV is rebuilt empty on waking,
   which a synchronous step does not miss: no rollout is in flight); level 2 drops the weights too (the push brings
   them back). The weights wake before the push because vLLM loads the new weights into its own parameters; the KV
   cache wakes after it, so the push's transient and the KV cache are never on the GPU together.
 - The push in place: the new weights go to the engine on the same GPU without a host copy (vLLM's CUDA IPC weight
-  transfer: the engine maps the learner's tensors; engines/vllm_ipc.py). vLLM's CPU build has neither sleep mode nor
+  transfer: the engine maps the learner's tensors; vllm_transfer.push_in_place, and from FSDP ranks
+  ray_group.join_vllm_ipc). vLLM's CPU build has neither sleep mode nor
   CUDA: there the engine stays awake (a warning) and the push takes the CPU path, so the control flow runs and is
   tested on a CPU; what it frees is measured on a GPU only (bench/gpu_check.sh).
 - Steps are synchronous: `max_staleness` >= 1 (rollouts beside the update) is refused for this placement.
@@ -62,11 +65,11 @@ class Colocation:
         await push()
 
     async def wake(self) -> None:
-        """Before the next rollouts: the KV cache, and the weights too when no push woke them (nothing was kept)."""
+        """Before the next rollouts: the KV cache (after the push's transients are released too), and the weights
+        when no push woke them."""
         if not self.asleep:
             return
-        if not self.weights_awake:
-            await self._release()
+        await self._release()
         tags = ["kv_cache"] if self.weights_awake else None
         self.calls.append(f"wake({'kv_cache' if tags else 'all'})")
         await self.engine.wake_up(tags)

@@ -262,9 +262,12 @@ class LearnerActor:
         if self.transfer is None:
             raise RuntimeError("this rank is in no vLLM weight transfer: the learner group sets it up before a push")
         self.transfer.send_weights()
-        if self.rank == 0:
-            self.pushed = dict(self.kept)  # the source refills `kept` with new tensors at the next push
+        if self.rank == 0:  # the source refills `kept` with new tensors at the next push; the IPC push keeps no copy,
+            self.pushed = dict(self.kept) if self.kept else None  # so a replacement worker waits for the next push
             self.pushed_ref_ = []
+            if not self.kept:
+                log.debug("the colocated push keeps no host copy: a replaced rollout worker serves its loaded weights "
+                         "until the next push")
 
     def send_weights(self, buckets: list[Any]) -> int:
         """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
@@ -474,7 +477,8 @@ class LearnerGroup:
             self.plan = await rank0.weight_plan.remote(self.push_dtype, self.cfg.weight_bucket_mb)
         self.members = members
         log.info("weight-sync group: learner rank 0 and %d rollout workers over %s", len(workers),
-                 "vLLM's weight transfer (nccl)" if self.via_vllm else "nccl" if device == "cuda" else "gloo")
+                 f"vLLM's weight transfer ({transfers[0][0]})" if self.via_vllm else "nccl" if device == "cuda"
+                 else "gloo")
 
     async def _broadcast(self, workers: list[Any]) -> None:
         await self._group(workers)
