@@ -17,6 +17,7 @@ generate while the learner updates, behind a version gate that records each toke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -382,7 +383,11 @@ class RLRun:
                                answer_extraction=self.rollouts.grader.extraction)
 
     async def close(self) -> None:
-        """Idempotent: stops the rollouts (grader, sandbox, the engine unless the caller's) and the learner."""
+        """Idempotent: stops the rollouts (grader, sandbox, the engine unless the caller's) and the learner. A
+        caller's engine left asleep by a step that failed is woken first (it outlives the run)."""
+        if self.colocation is not None and self.colocation.asleep and self.given_engine is not None:
+            with contextlib.suppress(Exception):
+                await self.colocation.wake()
         await self.rollouts.close()
         await asyncio.to_thread(self.learner.close)
 
