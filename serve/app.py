@@ -432,16 +432,25 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
             for d in deltas:
                 queue.put_nowait(chunk(index, delta_of(d)))
 
+        turn_open = [False]  # the turn's text not yet flushed: its calls' activity must follow it
+
+        def end_turn() -> None:
+            if split and turn_open[0]:
+                put(parser.end_turn())
+            turn_open[0] = False
+
         def on_event(kind: str, payload: Any) -> None:
             if kind == "text":
                 text = payload.replace(eos, "")
                 if split:
                     put(parser.feed(text))
+                    turn_open[0] = True
                 elif text:
                     queue.put_nowait(chunk(index, {"content": text}))
-            elif kind == "turn_end" and split:
-                put(parser.end_turn())
+            elif kind == "turn_end":
+                end_turn()
             elif kind in ("tool_call", "tool_result"):
+                end_turn()  # the loop runs a turn's calls before it ends the turn: the text goes first
                 queue.put_nowait(chunk(index, {"rstar2": {kind: tool_call_dict(payload)}}))
 
         try:

@@ -27,14 +27,18 @@ CASES = [c for c in REPLIES if c["tools"] in TOOLS and len(c["turns"]) == 1]
 
 
 async def reassemble(stream) -> tuple[dict, str, list[tuple[float, dict]]]:
-    """What a client builds from the chunks: content, reasoning and calls by index; the finish reason; and the
-    time each tool-call delta arrived."""
+    """What a client builds from the chunks: content, reasoning and calls by index; the finish reason; the time each
+    tool-call delta arrived; and the order of what the chunks carried."""
     content, reasoning, calls, finish, seen = "", "", {}, None, []
+    order: list[str] = []  # what each chunk carried, in order: content, reasoning, the server loop's tool_call
     async for chunk in stream:
         choice = chunk.choices[0]
         delta = choice.delta
+        extra = delta.model_extra or {}
+        order += [(k, v) for k, v in (("content", delta.content), ("reasoning", extra.get("reasoning_content")),
+                                      ("tool_call", (extra.get("rstar2") or {}).get("tool_call"))) if v]
         content += delta.content or ""
-        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        reasoning += extra.get("reasoning_content") or ""
         for tc in delta.tool_calls or []:
             seen.append((time.monotonic(), tc.model_dump()))
             if tc.id is not None:  # a new call: announced once, with its name
@@ -45,7 +49,7 @@ async def reassemble(stream) -> tuple[dict, str, list[tuple[float, dict]]]:
                 calls[tc.index]["arguments"] += tc.function.arguments
         finish = choice.finish_reason or finish
     return {"content": content or None, "reasoning": reasoning or None,
-            "calls": [calls[k] for k in sorted(calls)]}, finish, seen
+            "calls": [calls[k] for k in sorted(calls)]}, finish, seen, order
 
 
 def non_streamed(msg) -> dict:
@@ -71,7 +75,7 @@ async def test_streamed_tool_calls_reassemble_to_the_response_for_every_profile_
                       parallel_tool_calls=case.get("parallel", True), extra_body={"format": case["profile"]})
             r = await client.chat.completions.create(**kw)
             whole, whole_finish = non_streamed(r.choices[0].message), r.choices[0].finish_reason
-            streamed, finish, _ = await reassemble(await client.chat.completions.create(**kw, stream=True))
+            streamed, finish, _, order = await reassemble(await client.chat.completions.create(**kw, stream=True))
             assert without_ids(streamed) == without_ids(whole), case["name"]
             assert finish == whole_finish == ("tool_calls" if whole["calls"] else "stop"), case["name"]
             expect = case["expect"]
@@ -92,7 +96,7 @@ async def test_the_first_argument_fragment_arrives_while_the_model_writes_the_ca
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Go."}],
                                                       tools=[PAPER_SCHEMA], stream=True)
-        reply, finish, seen = await reassemble(stream)
+        reply, finish, seen, _ = await reassemble(stream)
         await client.close()
     fragments = [(t, d) for t, d in seen if d["id"] is None]
     assert finish == "tool_calls" and len(fragments) > 5  # the arguments came in pieces, as written
@@ -107,7 +111,7 @@ async def test_the_server_loop_splits_reasoning_or_keeps_the_raw_text_with_a_scr
     """The server runs the call; content is the answer block, reasoning_content the rest, streamed or not; with
     separate_reasoning false, the raw text as before."""
     turns = ["Compute.</reason>\n<tool_call>\n{\"name\": \"execute_python_code_with_standard_io\", \"arguments\": "
-             "{\"code\": \"print(6 * 7)\", \"input\": \"\"}}\n</tool_call>",
+             "{\"code\": \"print(6 * 7)\", \"input\": \"\"}}\n</tool_call> then <a",  # "<a": held (<answer>?)
              "It printed 42.</reason>\n<answer>\\boxed{42}</answer>"]
     engine = StreamingScriptedEngine(smol_tokenizer, turns * 2)
     server = Server(engine, sandbox, ServeConfig(model_name="m", format="rstar2-paper"))
@@ -116,13 +120,18 @@ async def test_the_server_loop_splits_reasoning_or_keeps_the_raw_text_with_a_scr
         kw = dict(model="m", messages=[{"role": "user", "content": "6 * 7?"}],
                   extra_body={"separate_reasoning": separate})
         msg = (await client.chat.completions.create(**kw)).choices[0].message
-        streamed, finish, _ = await reassemble(await client.chat.completions.create(**kw, stream=True))
+        streamed, finish, _, order = await reassemble(await client.chat.completions.create(**kw, stream=True))
         await client.close()
     assert msg.model_extra["rstar2"]["turns"][0]["tool_calls"][0]["stdout"] == "42\n"
     if separate:
         assert msg.content == "<answer>\\boxed{42}</answer>" == streamed["content"]
         assert msg.model_extra["reasoning_content"] == streamed["reasoning"]
         assert streamed["reasoning"].startswith("Compute.\n\n<tool_call>") and "It printed 42." in streamed["reasoning"]
+        assert "</tool_call> then <a\n\nIt printed 42." in streamed["reasoning"]
+        # a turn's text streams before its calls run, even what the parser held back to its end ("<a")
+        kinds = [k for k, _ in order]
+        held = next(i for i, (k, v) in enumerate(order) if k == "reasoning" and "<a" in v)
+        assert held < kinds.index("tool_call")
     else:
         assert "reasoning_content" not in msg.model_extra
         assert msg.content.endswith("</reason>\n<answer>\\boxed{42}</answer>")
@@ -144,7 +153,7 @@ async def test_tool_choice_forces_the_call_on_the_in_process_vllm_engine(vllm_en
         [call] = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
         assert isinstance(json.loads(call.function.arguments)["city"], str)
-        streamed, finish, _ = await reassemble(await client.chat.completions.create(**kw, tool_choice=named,
+        streamed, finish, _, order = await reassemble(await client.chat.completions.create(**kw, tool_choice=named,
                                                                                     stream=True))
         assert finish == "tool_calls" and without_ids(streamed) == without_ids(non_streamed(r.choices[0].message))
         required = await client.chat.completions.create(**kw, tool_choice="required", parallel_tool_calls=False)
