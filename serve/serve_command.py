@@ -37,10 +37,20 @@ from rstar2_agent.cli_options import engine_option, replica_options
               help="For the server-side tool loop; default: the model's.")
 @click.option("--raw-reasoning", is_flag=True, help="Keep the model's reasoning in `content` as it wrote it (no "
               "`reasoning_content`); a request's `separate_reasoning` still decides for itself.")
+@click.option("--forced-call-text-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help='tool_choice "required"/named: tokens of free text (reasoning) before the forced call (0: the '
+              "call comes first, as vLLM).")
+@click.option("--max-containers", type=click.IntRange(1), default=16, show_default=True,
+              help="/v1/responses: code_interpreter containers (sandbox sessions) open at once.")
+@click.option("--container-idle-timeout", type=click.FloatRange(min=1), default=1200.0, show_default=True,
+              help="/v1/responses: seconds an unused container lives.")
+@click.option("--max-stored-responses", type=click.IntRange(1), default=1000, show_default=True,
+              help="/v1/responses kept for previous_response_id and GET (least recently used out).")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, stall_timeout,
-              format_name, raw_reasoning, unsafe) -> None:
+              format_name, raw_reasoning, forced_call_text_tokens, max_containers, container_idle_timeout,
+              max_stored_responses, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -69,7 +79,9 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
                       format=format_name or resolved.spec.format,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key,
-                      stall_timeout=stall_timeout or None, separate_reasoning=not raw_reasoning)
+                      stall_timeout=stall_timeout or None, separate_reasoning=not raw_reasoning,
+                      forced_call_text_tokens=forced_call_text_tokens, max_containers=max_containers,
+                      container_idle_timeout=container_idle_timeout, max_stored_responses=max_stored_responses)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
