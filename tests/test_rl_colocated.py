@@ -12,8 +12,8 @@ import pytest
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train import rl
 from rstar2_agent.train.learner.colocated import Colocation
-from rstar2_agent.train.learner.ray_group import RayConfig
 from rstar2_agent.train.learner.model import OptimConfig
+from rstar2_agent.train.learner.ray_group import RayConfig
 from rstar2_agent.train.rl import Stage, run_rl
 from rstar2_agent.train.rollouts import Rollouts
 
