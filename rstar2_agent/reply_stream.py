@@ -259,16 +259,20 @@ class ReplyParser:
             self.in_think = marker == "<think>"
         # <reason> and </reason> are dropped: everything outside the answer is reasoning
 
-    def _announce(self, out: list[Delta], name: str) -> bool:
-        """A new call; False when it is dropped (parallel_tool_calls false and a call came before)."""
-        self.calls += 1
-        if self.parallel or self.calls == 1:
-            out.append(Delta("call", index=self.calls - 1, id=new_call_id(), name=name))
+    def _kept(self) -> bool:
+        """The current call is returned (parallel_tool_calls false keeps only the first)."""
         return self.parallel or self.calls == 1
+
+    def _announce(self, out: list[Delta], name: str) -> bool:
+        """A new call; False when it is dropped."""
+        self.calls += 1
+        if self._kept():
+            out.append(Delta("call", index=self.calls - 1, id=new_call_id(), name=name))
+        return self._kept()
 
     def _call_head(self, out: list[Delta]) -> bool:
         call, text = self.call, self.call.body + self.buf
-        end = text.find(CLOSE_CALL)
+        end = text.find(CLOSE_CALL, max(0, len(call.body) - len(CLOSE_CALL) + 1))  # the body so far holds none
         if not call.slow:
             state, at, name = _head(text, self.tool_names)
             if state == "match":
@@ -290,7 +294,7 @@ class ReplyParser:
     def _arguments(self, out: list[Delta], final: bool) -> bool:
         """Stream the arguments object as written, to its closing brace; then drop the rest of the block."""
         call, buf = self.call, self.buf
-        keep = self.parallel or self.calls == 1
+        keep = self._kept()
         if call.closed:
             end = buf.find(CLOSE_CALL)
             if end >= 0:
@@ -334,6 +338,27 @@ def starts_in_reasoning(prompt_tail: str) -> bool:
         if prompt_tail.rfind(open_tag) > prompt_tail.rfind(close_tag):
             return True
     return False
+
+
+class LoopReader:
+    """The server's own agent loop read live: its events (agent.py `OnEvent`) fed to a ReplyParser. A turn's text is
+    flushed (`end_turn`) before its calls' activity, since the loop runs a turn's calls before it ends the turn, and
+    at the turn's end; `event` returns the deltas each event adds."""
+
+    def __init__(self, parser: ReplyParser, eos_text: str):
+        self.parser, self.eos_text, self.turn_open = parser, eos_text, False
+
+    def event(self, kind: str, payload: Any) -> list[Delta]:
+        if kind == "text":
+            self.turn_open = True
+            return self.parser.feed(payload.replace(self.eos_text, ""))
+        if kind in ("tool_call", "tool_result", "turn_end") and self.turn_open:
+            self.turn_open = False
+            return self.parser.end_turn()
+        return []
+
+    def finish(self) -> list[Delta]:
+        return self.parser.finish()
 
 
 @dataclass

@@ -31,7 +31,15 @@ from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesProtocol
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
-from rstar2_agent.reply_stream import Delta, Reply, ReplyParser, parse_reply, reply_of, starts_in_reasoning
+from rstar2_agent.reply_stream import (
+    Delta,
+    LoopReader,
+    Reply,
+    ReplyParser,
+    parse_reply,
+    reply_of,
+    starts_in_reasoning,
+)
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.tool_constraints import tool_call_constraint
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
@@ -426,31 +434,18 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
 
     async def one(index: int) -> None:
         eos, split = server.format_for(req).eos_text, server.splits(req)
-        parser = server.reply_parser(req, prompt, loop=True)
+        reader = LoopReader(server.reply_parser(req, prompt, loop=True), eos)
 
         def put(deltas: list[Delta]) -> None:
             for d in deltas:
                 queue.put_nowait(chunk(index, delta_of(d)))
 
-        turn_open = [False]  # the turn's text not yet flushed: its calls' activity must follow it
-
-        def end_turn() -> None:
-            if split and turn_open[0]:
-                put(parser.end_turn())
-            turn_open[0] = False
-
         def on_event(kind: str, payload: Any) -> None:
-            if kind == "text":
-                text = payload.replace(eos, "")
-                if split:
-                    put(parser.feed(text))
-                    turn_open[0] = True
-                elif text:
-                    queue.put_nowait(chunk(index, {"content": text}))
-            elif kind == "turn_end":
-                end_turn()
-            elif kind in ("tool_call", "tool_result"):
-                end_turn()  # the loop runs a turn's calls before it ends the turn: the text goes first
+            if split:  # a turn's text goes before its calls' activity
+                put(reader.event(kind, payload))
+            elif kind == "text" and (text := payload.replace(eos, "")):
+                queue.put_nowait(chunk(index, {"content": text}))
+            if kind in ("tool_call", "tool_result"):
                 queue.put_nowait(chunk(index, {"rstar2": {kind: tool_call_dict(payload)}}))
 
         try:
@@ -461,7 +456,7 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
             else:
                 traj = await server.run_loop(req, index, prompt, on_event)
                 if split:
-                    put(parser.finish())
+                    put(reader.finish())
                 queue.put_nowait(chunk(index, {"rstar2": {k: v for k, v in trajectory_extension(traj).items()
                                                           if k != "turns"}}, finish_of(traj)))
         except OpenAIError as e:

@@ -32,7 +32,7 @@ from fastapi.responses import StreamingResponse
 from rstar2_agent.chat_format import FIXED_TEMPLATE, ChatFormat, default_extraction, extract_answer
 from rstar2_agent.engines.base import EngineError
 from rstar2_agent.engines.watchdog import current_request
-from rstar2_agent.reply_stream import Delta
+from rstar2_agent.reply_stream import Delta, LoopReader
 from rstar2_agent.sandbox.release_tool import RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
@@ -121,25 +121,14 @@ class Responses:
 
     async def run_loop(self, plan: Plan, out: Output) -> Result:
         """The agent loop; its text parsed into reasoning and message items as it streams, each call an item."""
-        parser = self.server.reply_parser(plan.chat, plan.prompt, tools=PYTHON_TOOLS)
-        eos, turn_open = plan.fmt.eos_text, [False]
-
-        def end_turn() -> None:  # before a turn's calls: its held-back text belongs before them
-            if turn_open[0]:
-                put_text(out, parser.end_turn())
-                turn_open[0] = False
+        reader = LoopReader(self.server.reply_parser(plan.chat, plan.prompt, tools=PYTHON_TOOLS), plan.fmt.eos_text)
 
         def on_event(kind: str, payload: Any) -> None:
-            if kind == "text":
-                put_text(out, parser.feed(payload.replace(eos, "")))
-                turn_open[0] = True
-            elif kind == "tool_call":
-                end_turn()
+            put_text(out, reader.event(kind, payload))  # a turn's text before its calls' items
+            if kind == "tool_call":
                 out.code_call(payload.id, code_of(payload), plan.container_id)
             elif kind == "tool_result":
                 out.code_result(payload.id, logs_of(payload), payload.error is None and payload.status == "ok")
-            elif kind == "turn_end":
-                end_turn()
 
         sandbox = ContainerSandbox(self.containers, plan.container_id, plan.container) if plan.stateful else None
         try:
@@ -147,9 +136,9 @@ class Responses:
         finally:
             if sandbox is not None:
                 sandbox.release()
-        put_text(out, parser.finish())
+        put_text(out, reader.finish())
         incomplete = {"max_tokens": "max_output_tokens", "max_turns": "max_turns"}.get(traj.stop_reason)
-        return Result(turn_messages(traj, eos), len(plan.prompt), traj.num_generated_tokens, incomplete,
+        return Result(turn_messages(traj, plan.fmt.eos_text), len(plan.prompt), traj.num_generated_tokens, incomplete,
                       trajectory_extension(traj))
 
     async def run_once(self, plan: Plan, out: Output) -> Result:

@@ -65,6 +65,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     await model.push(engine)
     figures = await check_push(CHECK, fmt, engine, model, 1)
     assert figures["push_probe_max_abs_diff"] < 1e-5 and figures["push_probe_mean_abs_diff"] <= 1e-5
+    print(f"fp32 learner -> hf engine of its own, a real push: {figures}")  # docs/results.md (pytest -s)
 
     async def nothing(state_dict):  # a push that silently does nothing
         return None
@@ -75,6 +76,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     with pytest.raises(PushCheckError, match=r"after update 2 .* over the bound 0\.001 \(from the dtypes: engine "
                                              r"fp32, learner fp32\)") as caught:
         await check_push(CHECK, fmt, engine, model, 2)
+    print(f"a push that skipped the weights: {str(caught.value).split(':')[1].split(', over')[0]}")
     for cause in ("did not reach the engine", "failed or skipped load", "names the engine does not load",
                   "LoRA adapter not merged", "dtype or precision", "different models or tokenizers",
                   "push_check.bound"):
@@ -148,6 +150,7 @@ async def test_vllm_scores_the_probe_as_the_learner_after_a_real_push(vllm_engin
     await model.push(vllm_engine)
     figures = await check_push(CHECK, fmt, vllm_engine, model, 1)
     assert 1e-3 < figures["push_probe_max_abs_diff"] < 0.5 and figures["push_probe_mean_abs_diff"] < 0.1
+    print(f"fp32 learner -> vLLM (bf16), SmolLM2-135M: {figures}")  # docs/results.md (pytest -s)
     ids, start = probe_ids(fmt, CHECK.probe_tokens)
     assert len(await vllm_engine.score(ids, start)) == CHECK.probe_tokens
 

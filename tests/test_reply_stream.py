@@ -70,6 +70,7 @@ def test_every_cutting_of_the_stream_reassembles_to_the_whole_reply(case):
         check_stream_shape(deltas)
         if shape(reply_of(deltas)) != whole:
             mismatches.append([p for p in pieces])
+    print(f"{case['name']}: {len(cuttings)} cuttings, {len(mismatches)} mismatches")  # docs/results.md (pytest -s)
     assert not mismatches, f"{len(mismatches)} of {len(cuttings)} cuttings differ, e.g. {mismatches[0]}"
 
 

@@ -31,6 +31,7 @@ laptop and is what the tests drive.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -399,9 +400,9 @@ class LearnerGroup:
         rank 0's result is returned."""
         return self._all("score", list(ids), start)[0]
 
-    @property
+    @functools.cached_property
     def compute_dtype(self) -> str:
-        """Rank 0's (every rank computes alike)."""
+        """Rank 0's (every rank computes alike; asked once: it does not change)."""
         import ray
 
         return ray.get(self.actors[0].compute_dtype.remote())
