@@ -41,10 +41,10 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     import ray
 
     from rstar2_agent.engines.base import SamplingParams
-    from rstar2_agent.engines.weight_sync import nbytes
     from rstar2_agent.models import resolve_model
     from rstar2_agent.train.learner.model import OptimConfig
     from rstar2_agent.train.learner.ray_group import LearnerGroup, RayConfig, start_rollout
+    from rstar2_agent.train.push.collective import nbytes
 
     resolved = resolve_model(model)
     cfg = RayConfig(learners=1, cpus_per_learner=cpus, rollout_workers=workers, cpus_per_rollout_worker=cpus,

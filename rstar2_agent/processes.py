@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -136,3 +137,18 @@ def _sidecar(parent: int, grace: float, pids: list[int]) -> None:
 
 if __name__ == "__main__":
     _sidecar(int(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]])
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ for the duration (what the processes started inside inherit), then as before."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

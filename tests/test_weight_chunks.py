@@ -10,7 +10,7 @@ import torch
 
 from rstar2_agent.engines.base import EngineError
 from rstar2_agent.engines.weight_chunks import chunks, message_bytes, not_loaded, unit_of, units
-from rstar2_agent.engines.weight_sync import plan
+from rstar2_agent.train.push.collective import plan
 
 MiB = 2**20
 

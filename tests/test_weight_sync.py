@@ -1,4 +1,4 @@
-"""The weight-sync group (engines/weight_sync.py) over gloo, two real members in two threads of this process: a
+"""The weight-sync group (train/push/collective.py) over gloo, two real members in two threads of this process: a
 state dict of mixed dtypes arrives whole and exact in several buckets, and a receiver whose sender never sends
 fails within the group's timeout with an error that names the wait."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from rstar2_agent.engines.weight_sync import WeightGroup, WeightSyncError, nbytes, plan
+from rstar2_agent.train.push.collective import WeightGroup, WeightSyncError, nbytes, plan
 
 from conftest import free_port
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from .learner.protocol import Learner
 from .learner.ray_group import RayConfig
 from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
 from .loss import grpo_advantages
+from .push import choose, make_push
 from .push_check import PushCheck, check_push
 from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts, without_engine_errors
@@ -149,6 +151,9 @@ class RLConfig:
     # same GPUs, as verl's hybrid engine: the engines asleep during the update, the new weights pushed in place;
     # synchronous steps only). learner/colocated.py
     placement: str = "separate"
+    # how the new weights reach the rollout engines after each update (train/push: auto, shared, chunked, ipc, nccl,
+    # collective, object_store); auto picks by the placement
+    weight_push: str = "auto"
     sleep_level: int = 1  # colocated: vLLM's sleep level for the update (1: weights to host memory, KV cache dropped)
 
     @property
@@ -187,11 +192,6 @@ def check_placement(cfg: RLConfig) -> None:
         raise ValueError("placement: colocated runs one engine per GPU (data parallel across the node's GPUs): set "
                          "ray.engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
                          "span GPUs")
-    if cfg.distributed == "ray" and cfg.ray.gpus_per_learner > 0 and cfg.ray.weight_push == "collective" and not (
-            cfg.ray.rollout_engine == "vllm" and cfg.ray.vllm_weight_transfer):
-        raise ValueError("placement: colocated on GPUs pushes through vLLM's CUDA IPC transfer (NCCL cannot join the "
-                         "learner rank and the engine on one GPU): set ray.rollout_engine: vllm with "
-                         "ray.vllm_weight_transfer: true, or ray.weight_push: object_store")
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
                          f"not {cfg.sleep_level!r}")
@@ -243,6 +243,8 @@ class RLRun:
         check_micro_batch_tokens(cfg)
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
+        self.choice = choose(cfg)  # the weight push, once (train/push): its backend and what the engine must hold
+        self.push = make_push(self.choice, cfg.distributed)
         self.cfg, self.backend, self.given_engine = cfg, where, engine
         self.colocation: Colocation | None = None
         last = resume_from(cfg.out, resume)
@@ -258,7 +260,7 @@ class RLRun:
         if self.given_engine is not None:
             engine, sandbox = self.given_engine, local_sandbox(self.cfg)
         else:
-            engine, sandbox = await self.backend.rollout(self.resolved, self.learner)
+            engine, sandbox = await self.backend.rollout(self.resolved, self.learner, self.choice.engine_transfer)
         self.rollouts.attach(engine, sandbox, version=self.learner.step, owns_engine=self.given_engine is None)
         # colocated: the engine sleeps through each update (learner/colocated.py)
         self.colocation = Colocation(engine, self.cfg.sleep_level, release=self.learner.release_memory) \
@@ -274,12 +276,14 @@ class RLRun:
         return self.learner.update(items, self.update_cfg, total, stop)
 
     async def sync_weights(self) -> float:
-        """Push the new weights to the rollout engine; seconds taken (~0 with the hf engine: shared weights)."""
+        """Push the new weights to the rollout engine (the recipe's `weight_push`, chosen once: train/push); seconds
+        taken (~0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
+        push = functools.partial(self.push.push, self.learner, self.rollouts.engine)
         if self.colocation is not None:  # its weights woken first
-            await self.colocation.push(lambda: self.learner.push(self.rollouts.engine))
+            await self.colocation.push(push)
         else:
-            await self.learner.push(self.rollouts.engine)
+            await push()
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one step

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import devices, processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
-from .vllm_transfer import transfer_config
+from .vllm_transfer import INSECURE_ENV, transfer_config
 from .weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def _gpu_memory() -> tuple[int, int]:
 def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_gib: float = 2.0,
                 max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                 dtype: str = "auto", seed: int = 0, enforce_eager: bool | None = None,
-                max_num_batched_tokens: int | None = None, weight_transfer: str = "auto",
+                max_num_batched_tokens: int | None = None, weight_transfer: str | None = None,
                 gpu_memory_utilization: float | None = None) -> dict[str, Any]:
     """vLLM's engine arguments for this engine on a GPU or on the CPU build (a pure function: what a GPU run gets is
     tested on a machine without one)."""
@@ -79,7 +79,7 @@ def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
     )
-    # on a GPU, pushes go through vLLM's own weight transfer (NCCL, vllm_transfer.py); else the chunked fallback
+    # vLLM's own weight transfer (NCCL or CUDA IPC, vllm_transfer.py) when the push uses it; else the chunked push
     transfer = transfer_config(on_gpu, weight_transfer)
     if transfer is not None:
         args["weight_transfer_config"] = transfer
@@ -124,7 +124,7 @@ class VLLMEngine(Engine):
                  max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                  dtype: str = "auto", gpu_memory_utilization: float | None = None, seed: int = 0,
                  enforce_eager: bool | None = None, max_num_batched_tokens: int | None = None,
-                 max_message_mb: float = 2048.0, weight_transfer: str = "auto", sleep_mode: bool = False):
+                 max_message_mb: float = 2048.0, weight_transfer: str | None = None, sleep_mode: bool = False):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         import torch
         from transformers import AutoTokenizer
@@ -154,8 +154,13 @@ class VLLMEngine(Engine):
         self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
         before = set(processes.descendants(os.getpid()))
+        # the CUDA IPC push carries torch's IPC handles, which vLLM's msgpack wire refuses: they travel pickled
+        # (`ipc_handles_pickled`, as vLLM's own HTTP client sends them), and vLLM's workers unpickle them only with
+        # INSECURE_ENV set. It is set for this engine's processes alone (they inherit it at start), not kept here.
+        insecure = {INSECURE_ENV: "1"} if self.weight_transfer == "ipc" else {}
         try:
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
+            with processes.environment(insecure):
+                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
         except Exception as e:  # noqa: BLE001
             hint = (" (the GPU's memory is shared with this process's learner or another process: lower "
                     "gpu_memory_utilization to what is free, or give the rollout engine its own GPU with distributed: "
@@ -398,16 +403,18 @@ class VLLMEngine(Engine):
         if missing:
             raise not_loaded_error(missing, len(sent), f"vLLM ({self.model_path})")
 
-    async def abort_weight_transfer(self) -> None:
-        """After a push that failed half way (a member died in the broadcast): the layerwise reload is ended, so
-        that every module holds weights again (the old ones where nothing new arrived), and generation resumes."""
-        if self._transfer is None:
-            return
+    async def abort_weight_transfer(self) -> int:
+        """After a push that failed at any phase (before anything was sent, half way, at finish): every worker ends
+        its open layerwise reload (each module holds weights again: new where they arrived whole, old elsewhere)
+        and takes the next push, and generation resumes. Returns how many names the workers had loaded (0: the
+        engine serves exactly the previous weights; else a mix, until the next push replaces them all)."""
         self._transfer = None
         try:
-            await self.engine.collective_rpc("end_weight_push")
+            got = await self.engine.collective_rpc("abort_weight_transfer")
+            await self.engine.reset_prefix_cache()
         finally:
             await self.engine.resume_generation()
+        return max((g["loaded"] for g in got), default=0)
 
     async def shutdown_weight_transfer(self) -> None:
         await self.abort_weight_transfer()

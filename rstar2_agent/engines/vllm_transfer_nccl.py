@@ -15,10 +15,16 @@ class CountsLoaded:
     """Keeps the names the model's load_weights reports loaded during a push (`loaded`)."""
 
     loaded: set[str]
+    reloading = False  # a layerwise reload is open (started, not finished): an abort finalizes it
 
     def start_weight_update(self) -> None:
         self.loaded = set()
         super().start_weight_update()  # type: ignore[misc]
+        self.reloading = True
+
+    def finish_weight_update(self) -> None:
+        super().finish_weight_update()  # type: ignore[misc]
+        self.reloading = False
 
     def receive_weights(self, update_info: Any) -> None:
         model = self.model

@@ -13,9 +13,10 @@ does in each worker before it creates its transfer engine) registers that backen
 
 from __future__ import annotations
 
-from .vllm_transfer import register
+from .vllm_transfer import install_substitute, register
 
 register()
+install_substitute()  # tests and benchmarks only: a CPU stand-in for CUDA IPC, when the engine's environment names one
 
 
 class WeightSync:
@@ -51,6 +52,29 @@ class WeightSync:
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
+
+    def abort_weight_transfer(self) -> dict[str, int | bool]:
+        """End a push through vLLM's weight transfer that failed at any phase (a trainer that raised before sending,
+        a receive that failed half way): the layerwise reload is finalized (every module holds weights again: the
+        new ones where they arrived whole, the old ones elsewhere) and the worker takes the next
+        `start_weight_update`. Returns whether a push was open and how many names it had loaded (0: the engine
+        serves the previous weights exactly)."""
+        engine = self.weight_transfer_engine  # type: ignore[attr-defined]
+        open_ = bool(getattr(engine, "reloading", False))
+        loaded = len(getattr(engine, "loaded", ()))
+        if open_:
+            from vllm.config import set_current_vllm_config
+
+            try:
+                with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+                    engine.finish_weight_update()
+            finally:
+                engine.reloading = False
+                engine.reset_weight_update_target()
+                self._weight_update_active = False  # type: ignore[attr-defined]
+            self.model_runner.reset_lora_state()  # type: ignore[attr-defined]
+        self._weight_update_active = False  # type: ignore[attr-defined]
+        return {"open": open_, "loaded": loaded if open_ else 0}
 
     def transferred_weight_names(self) -> list[str]:
         """The names loaded by the latest push through vLLM's weight transfer (the rstar2_nccl backend)."""

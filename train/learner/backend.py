@@ -34,8 +34,10 @@ class Backend(Protocol):
     def learner(self, model_path: str, total_steps: int) -> Learner:
         """The learner, holding the weights at `model_path`, for a run of `total_steps` optimizer steps."""
 
-    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
-        """The rollout engine and the sandbox (not yet started); `learner` may share its weights with the engine."""
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
+                      ) -> tuple[Engine, Sandbox]:
+        """The rollout engine and the sandbox (not yet started); `learner` may share its weights with the engine;
+        `transfer`: vLLM's weight transfer its workers hold, as the weight push chose (train/push)."""
 
 
 def check(cfg: RLConfig) -> None:
@@ -55,16 +57,18 @@ def local_sandbox(cfg: RLConfig) -> Sandbox:
     return make_sandbox(config=SandboxConfig(workers=cfg.sandbox_workers))
 
 
-async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = None) -> Engine:
+async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = None, transfer: str | None = None
+                       ) -> Engine:
     """The rollout engine in this process: vLLM (`VLLM_DEFAULTS`, the run's seed, then `engine_options`; started in
     a thread, off the event loop), or the hf engine, on `shared`'s model and tokenizer when given (the learner's: no
     push) or on its own weights."""
     context = resolved.spec.context_length
     if cfg.rollout_engine == "vllm":
-        # colocated: vLLM's sleep mode, and the push in place through CUDA IPC (the CPU push on vLLM's CPU build)
-        colocated = {"sleep_mode": True, "weight_transfer": "ipc"} if cfg.placement == "colocated" else {}
+        # colocated: vLLM's sleep mode; the weight push's transfer (CUDA IPC colocated on a GPU, else none: chunked)
+        colocated = {"sleep_mode": True} if cfg.placement == "colocated" else {}
         return await asyncio.to_thread(make_engine, "vllm", resolved.path, context_length=context,
-                                       **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options})
+                                       **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options,
+                                          "weight_transfer": transfer})
     weights = {"model": shared.model, "tokenizer": shared.tokenizer} if shared is not None else {}
     return make_engine("hf", resolved.path, context_length=context, **weights)
 
@@ -79,10 +83,11 @@ class LocalBackend:
         return LocalLearner(model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
                             checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
 
-    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
+                      ) -> tuple[Engine, Sandbox]:
         # the hf engine runs on the learner's model, unless colocated: then on weights of its own, which sleep
         shared = learner if self.cfg.rollout_engine == "hf" and self.cfg.placement != "colocated" else None
-        return await local_engine(self.cfg, resolved, shared), local_sandbox(self.cfg)
+        return await local_engine(self.cfg, resolved, shared, transfer), local_sandbox(self.cfg)
 
 
 @dataclass
@@ -96,9 +101,11 @@ class RayBackend:
                             checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing,
                             colocated=self.cfg.placement == "colocated")
 
-    async def rollout(self, resolved: ResolvedModel, learner: Learner | None) -> tuple[Engine, Sandbox]:
+    async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
+                      ) -> tuple[Engine, Sandbox]:
         from .ray_group import start_rollout
 
         bundles = getattr(learner, "placement", None) if self.cfg.placement == "colocated" else None
         return await start_rollout(self.cfg.ray, resolved.path, resolved.spec.context_length,
-                                   max(s.max_response_tokens for s in self.cfg.stages), bundles=bundles)
+                                   max(s.max_response_tokens for s in self.cfg.stages), bundles=bundles,
+                                   transfer=transfer)

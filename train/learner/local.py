@@ -1,4 +1,5 @@
-"""The learner in this process: the torch learner behind the `Learner` protocol (protocol.py)."""
+"""The learner in this process: the torch learner behind the `Learner` protocol (protocol.py); its weights reach
+the rollout engine by the push the recipe chose (train/push)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,3 @@ class LocalLearner(TorchLearner):
     def shares_weights(self, engine: Engine) -> bool:
         """The hf engine built on this learner's own model needs no push: an update is live at once."""
         return getattr(engine, "model", None) is self.model
-
-    async def push(self, engine: Engine) -> None:
-        """The current weights into `engine`: a shared model needs nothing; vLLM in this process on the same GPU
-        (colocated) maps the learner's tensors through CUDA IPC, in place; else it loads the state dict."""
-        if self.shares_weights(engine):
-            return
-        if getattr(engine, "weight_transfer", None) == "ipc":
-            from rstar2_agent.engines.vllm_transfer import push_in_place
-
-            await push_in_place(self.model, engine)
-        else:
-            await engine.load_weights(self.full_state_dict())

@@ -7,8 +7,6 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from rstar2_agent.engines.base import Engine
-
 from .update import UpdateConfig, UpdateItem
 
 
@@ -22,8 +20,8 @@ class Learner(Protocol):
         mini-batch, `cfg.ppo_mini_batches`); its metrics.
         `stop` set: raise `UpdateStopped` before the next micro-batch and take no optimizer step."""
 
-    async def push(self, engine: Engine) -> None:
-        """The current weights into the rollout engine (nothing when the engine shares them)."""
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole model's weights (every rank takes part; rank 0's are complete): the chunked push sends them."""
 
     def score(self, ids: list[int], start: int) -> list[float]:
         """Teacher-forced logprobs of `ids[start:]` at temperature 1 (the checked weight push, push_check.py);

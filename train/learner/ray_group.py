@@ -9,11 +9,11 @@
   (the `replica_policy`, KV-aware by default) so the agent loop in the driver sees one engine.
 - Sandbox actors: `sandbox_actors` RaySandbox actors, each a warm isolated pool, on the nodes that have the
   `sandbox_resources` (CPU nodes) when given.
-- Weight sync after every update (`weight_push`): every rank gathers the full state dict to rank 0, which
-  `collective` (the default): broadcasts it in flat buckets over a weight-sync group of rank 0 and every rollout
-  worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the FSDP group),
-  each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once into
-  Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
+- Weight sync after every update (the recipe's `weight_push`, chosen once: train/push): every rank gathers the
+  full state dict to rank 0, which `collective`: broadcasts it in flat buckets over a weight-sync group of rank 0
+  and every rollout worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the
+  FSDP group), each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once
+  into Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
   the last pushed weights, so that a rollout worker that died is replaced holding them (ray_engine.py). Every
   push first pings every worker and replaces the dead (a broadcast that meets a dead member on NCCL ends in the
   watchdog tearing down rank 0, which is also an FSDP rank); the group is rebuilt when its members changed, or at
@@ -64,12 +64,8 @@ class RayConfig:
     cpus_per_sandbox_actor: float = 1.0
     sandbox_workers: int = 2  # warm workers per template in each sandbox actor
     sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
-    weight_push: str = "collective"  # or object_store (see the module docstring)
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
     weight_bucket_mb: float = 256.0  # collective: whole layers go in buckets of at most this size (receive memory)
-    # collective to vLLM rollout workers on GPUs: through vLLM's own weight transfer (NCCL); False: the weight-sync
-    # group of weight_sync.py, as on CPU
-    vllm_weight_transfer: bool = True
     group_timeout_s: float = 600.0  # each collective of the learner ranks' FSDP group (checkpoints wait apart)
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
     # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as
@@ -197,7 +193,7 @@ class LearnerActor:
         """Rank 0: the buckets a collective push sends (names, shapes and dtypes of the full state dict)."""
         import torch
 
-        from rstar2_agent.engines.weight_sync import plan
+        from ..push.collective import plan
 
         cast = torch.bfloat16 if dtype == "bf16" else None
         model = self.learner.model
@@ -208,7 +204,7 @@ class LearnerActor:
         return plan(shapes, bucket_mb, {k: v for k, v in aliases.items() if k != v and k in shapes})
 
     def join_weight_group(self, host: str, port: int, world: int, device: str, timeout_s: float) -> None:
-        from rstar2_agent.engines.weight_sync import WeightGroup
+        from ..push.collective import WeightGroup
 
         self.leave_weight_group()
         self.group = WeightGroup(host, port, 0, world, device=device, timeout_s=timeout_s)
@@ -228,41 +224,45 @@ class LearnerActor:
         import torch
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
-        from rstar2_agent.engines.vllm_transfer import RolloutClient, source
+        from ..push.vllm import Guard, GuardedClient, RolloutClient, source
 
         self.leave_weight_group()
-        client = RolloutClient(rollout, tensor_parallel, timeout_s)
+        self.rollout_client = RolloutClient(rollout, tensor_parallel, timeout_s)
         if self.rank == 0:
-            client.shutdown_weight_transfer_engine()  # a previous group's, on the workers that had one
+            self.rollout_client.shutdown_weight_transfer_engine()  # a previous group's, on the workers that had one
         self.kept = {}
+        self.guard = Guard("nccl", self.rank)
         src = source(self.learner.model, torch.bfloat16 if dtype == "bf16" else None,
-                     keep=self.kept if self.rank == 0 else None)
+                     keep=self.kept if self.rank == 0 else None, guard=self.guard)
         info = NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world, rank=self.rank,
                                    packed=True, packed_buffer_size_bytes=int(bucket_mb * 2**20))
-        self.transfer = NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=src)
+        self.transfer = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=GuardedClient(self.rollout_client, self.guard), source=src)
 
-    def join_vllm_ipc(self, rollout: list[Any], dtype: str | None, timeout_s: float) -> None:
+    def join_vllm_ipc(self, rollout: list[Any], dtype: str | None, bucket_mb: float, timeout_s: float) -> None:
         """Every rank: vLLM's trainer-side CUDA IPC transfer to the engines on the ranks' own GPUs (colocated: NCCL
         cannot join two ranks on one GPU). Each rank exports handles of the full tensors it gathers on its GPU (the
         all-gather of the handles runs on the FSDP group); rank 0 sends the merged handles, and each engine maps those
         of its own GPU: no host copy (so no copy kept for a replacement worker either: it gets the next push)."""
         import torch
-        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 
-        from rstar2_agent.engines.vllm_transfer import RolloutClient, source
+        from ..push.vllm import Guard, GuardedClient, RolloutClient, ipc_trainer, source
 
         self.leave_weight_group()
-        client = RolloutClient(rollout, [1] * len(rollout), timeout_s, ipc=True)
+        self.rollout_client = RolloutClient(rollout, [1] * len(rollout), timeout_s, ipc=True)
         self.kept = {}
-        src = source(self.learner.model, torch.bfloat16 if dtype == "bf16" else None)
-        self.transfer = IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=self.rank), client=client,
-                                                                    source=src)
+        self.guard = Guard("ipc", self.rank)
+        src = source(self.learner.model, torch.bfloat16 if dtype == "bf16" else None, guard=self.guard)
+        self.transfer = ipc_trainer(GuardedClient(self.rollout_client, self.guard), src, self.rank, bucket_mb)
 
     def send_weights_vllm(self) -> None:
         """Every rank: one push through vLLM's weight transfer; rank 0 keeps what it sent (for a replacement)."""
+        from ..push.vllm import send
+
         if self.transfer is None:
             raise RuntimeError("this rank is in no vLLM weight transfer: the learner group sets it up before a push")
-        self.transfer.send_weights()
+        self.guard.reset()  # a fresh record for this push (the source and the client hold this guard)
+        send(self.transfer, self.guard, self.rollout_client.abort)
         if self.rank == 0:  # the source refills `kept` with new tensors at the next push; the IPC push keeps no copy,
             self.pushed = dict(self.kept) if self.kept else None  # so a replacement worker waits for the next push
             self.pushed_ref_ = []
@@ -273,7 +273,7 @@ class LearnerActor:
     def send_weights(self, buckets: list[Any]) -> int:
         """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
         replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
-        from rstar2_agent.engines.weight_sync import nbytes
+        from ..push.collective import nbytes
 
         state = self.learner.full_state_dict()
         if self.rank != 0:
@@ -330,11 +330,8 @@ class LearnerGroup:
         self.connected_here = connect(cfg)  # then close() disconnects
         self.actors: list[Any] = []
         self.cfg, self.step = cfg, 0
-        if cfg.weight_push not in ("collective", "object_store"):
-            raise ValueError(f"ray.weight_push is collective or object_store, not {cfg.weight_push!r}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
-        self.via_vllm = False  # that group is vLLM's weight transfer (GPUs), not weight_sync.py's
         self.plan: list[Any] = []
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
@@ -415,61 +412,64 @@ class LearnerGroup:
     def shares_weights(self, engine: Any) -> bool:
         return False
 
-    async def push(self, engine: Any) -> None:
-        """The new weights to every rollout worker behind `engine` (a RayEngine or a ReplicaPool of them), by
-        `cfg.weight_push` (see the module docstring)."""
+    async def push(self, engine: Any, how: str) -> None:
+        """The new weights to every rollout worker behind `engine` (a RayEngine or a ReplicaPool of them), by `how`:
+        the recipe's weight push (train/push: object_store, collective, nccl or ipc)."""
         async with self.pushing:
-            await self._push(engine)
+            await self._push(engine, how)
 
-    async def _push(self, engine: Any) -> None:
-        if self.cfg.weight_push == "object_store":
+    async def _push(self, engine: Any, how: str) -> None:
+        if how == "object_store":
             await engine.load_weights(await asyncio.to_thread(self.weights))
             return
         from rstar2_agent.engines.base import EngineError
-        from rstar2_agent.engines.ray_engine import ray_workers
+
+        from ..ray_engine import ray_workers
 
         workers = ray_workers(engine)
         await asyncio.gather(*(w.ensure_alive() for w in workers))  # the dead replaced before the broadcast
         try:
-            await self._broadcast(workers)
+            await self._broadcast(workers, how)
         except Exception as e:  # noqa: BLE001 - a member died or stalled: replace the dead, rebuild, once more
             log.warning("weight push failed (%s): checking the rollout workers, rebuilding the group", e)
             self.failed_broadcasts += 1
             self.members = None
             await asyncio.gather(*(w.ensure_alive() for w in workers))
             try:
-                await self._broadcast(workers)
+                await self._broadcast(workers, how)
             except Exception as e2:  # noqa: BLE001
-                raise EngineError(f"the weight push by collective failed twice ({e2}); if the rollout workers "
-                                  f"are alive, the nodes may not reach each other on the group's port: set "
-                                  f"ray.weight_push=object_store") from e2
+                raise EngineError(f"the weight push ({how}) failed twice ({e2}); if the rollout workers are alive, "
+                                  f"the nodes may not reach each other on the group's port: set "
+                                  f"weight_push: object_store") from e2
         for w in workers:
             w.weights = self._last_pushed
 
-    async def _group(self, workers: list[Any]) -> None:
-        """(Re)build the weight-sync group when its members changed (first push, a replaced worker): vLLM's weight
-        transfer when rank 0 and every rollout worker are on GPUs and every engine has it, else weight_sync.py's."""
+    async def _group(self, workers: list[Any], how: str) -> None:
+        """(Re)build the push's group when its members changed (first push, a replaced worker): vLLM's weight
+        transfer (`nccl`, `ipc`: every engine must hold it) or weight_sync's collective group."""
         members = tuple((id(w), w.incarnation) for w in workers)
         if members == self.members:
             return
         rank0, timeout = self.actors[0], self.cfg.weight_push_timeout_s
-        devices = await asyncio.gather(rank0.device.remote(), *(w.actor.device.remote() for w in workers))
-        device = "cuda" if all(d.startswith("cuda") for d in devices) else "cpu"
-        transfers = await asyncio.gather(*(w.actor.weight_transfer.remote() for w in workers))
-        kinds = {kind for kind, _ in transfers}
-        self.via_vllm = device == "cuda" and self.cfg.vllm_weight_transfer and kinds in ({"nccl"}, {"ipc"})
+        if how in ("nccl", "ipc"):
+            transfers = await asyncio.gather(*(w.actor.weight_transfer.remote() for w in workers))
+            if {kind for kind, _ in transfers} != {how}:
+                raise ValueError(f"weight_push: {how} needs every rollout engine started with vLLM's {how} transfer, "
+                                 f"and they hold {sorted({str(k) for k, _ in transfers})}")
         host, port = await rank0.address.remote()
-        if self.via_vllm and kinds == {"ipc"}:  # colocated: each engine on a learner rank's GPU
+        if how == "ipc":  # colocated: each engine on a learner rank's GPU
             await asyncio.wait_for(asyncio.gather(*(
-                a.join_vllm_ipc.remote([w.actor for w in workers], self.push_dtype, timeout) for a in self.actors)),
-                timeout + 30)
-        elif self.via_vllm:
+                a.join_vllm_ipc.remote([w.actor for w in workers], self.push_dtype, self.cfg.weight_bucket_mb,
+                                       timeout) for a in self.actors)), timeout + 30)
+        elif how == "nccl":
             tensor_parallel = [tp for _, tp in transfers]
             await asyncio.wait_for(asyncio.gather(*(
                 a.join_vllm_transfer.remote(host, port, 1 + sum(tensor_parallel), [w.actor for w in workers],
                                             tensor_parallel, self.push_dtype, self.cfg.weight_bucket_mb, timeout)
                 for a in self.actors)), timeout + 30)
         else:
+            devices = await asyncio.gather(rank0.device.remote(), *(w.actor.device.remote() for w in workers))
+            device = "cuda" if all(d.startswith("cuda") for d in devices) else "cpu"
             world = 1 + len(workers)
             await asyncio.wait_for(asyncio.gather(
                 rank0.join_weight_group.remote(host, port, world, device, timeout),
@@ -477,13 +477,11 @@ class LearnerGroup:
                   for i, w in enumerate(workers))), timeout + 30)
             self.plan = await rank0.weight_plan.remote(self.push_dtype, self.cfg.weight_bucket_mb)
         self.members = members
-        log.info("weight-sync group: learner rank 0 and %d rollout workers over %s", len(workers),
-                 f"vLLM's weight transfer ({transfers[0][0]})" if self.via_vllm else "nccl" if device == "cuda"
-                 else "gloo")
+        log.info("weight push (%s): learner rank 0 and %d rollout workers", how, len(workers))
 
-    async def _broadcast(self, workers: list[Any]) -> None:
-        await self._group(workers)
-        if self.via_vllm:
+    async def _broadcast(self, workers: list[Any], how: str) -> None:
+        await self._group(workers, how)
+        if how in ("nccl", "ipc"):
             sends = [a.send_weights_vllm.remote() for a in self.actors]
         else:
             sends = [*(a.send_weights.remote(self.plan) for a in self.actors),
@@ -539,21 +537,24 @@ class LearnerGroup:
 
 
 async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int,
-                        bundles: Any = None):
+                        bundles: Any = None, transfer: str | None = None):
     """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started). `bundles`: the learner
-    group's placement (colocated): worker i in rank i's bundle, on its GPU, with vLLM's sleep mode and the CUDA IPC
-    push."""
-    from rstar2_agent.engines.ray_engine import start_ray_engines
+    group's placement (colocated): worker i in rank i's bundle, on its GPU, with vLLM's sleep mode. `transfer`: vLLM's
+    weight transfer each vLLM worker holds, as the weight push chose (train/push)."""
     from rstar2_agent.engines.replicas import ReplicaPool
     from rstar2_agent.sandbox import SandboxConfig
     from rstar2_agent.sandbox.ray_pool import RaySandbox
+
+    from ..ray_engine import start_ray_engines
 
     connect(cfg)
     options, gpus = cfg.engine_options, cfg.gpus_per_rollout_worker
     if bundles is not None:
         gpus = cfg.gpus_per_learner * (1 - COLOCATED_SHARE)
         if cfg.rollout_engine == "vllm":
-            options = {"sleep_mode": True, "weight_transfer": "ipc", **options}
+            options = {"sleep_mode": True, **options}
+    if cfg.rollout_engine == "vllm":
+        options = {**options, "weight_transfer": transfer}
     engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
                                       context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
                                       num_gpus=gpus, engine_options=options, max_restarts=cfg.max_worker_restarts,

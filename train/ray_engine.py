@@ -6,7 +6,7 @@ The driver keeps the tokenizer (prompts are rendered and responses decoded there
 wire. Streaming (`on_tokens`) is delivered once, when the generation ends. Weights reach the actors three ways:
 `load_weights` takes a state dict or a Ray object reference to one (put the weights once, `ray.put`, and pass
 the reference to every replica, so N replicas cost one copy into the object store, not N); the actors join
-a weight-sync group (weight_sync.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
+a weight-sync group (push/collective.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
 each bucket loaded before the next arrives); or, vLLM on GPUs, vLLM's own weight transfer (vllm_transfer.py:
 the learner's rank 0 calls `init_weight_transfer`, then per push `start_`, `receive_`, `finish_weight_transfer`).
 
@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any
 
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from rstar2_agent.engines.base import Engine, EngineError, Generation, OnTokens, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class EngineActor:
         self.group: Any = None  # a weight_sync.WeightGroup while in one
 
     async def start(self) -> dict[str, Any]:
-        from . import make_engine
+        from rstar2_agent.engines import make_engine
 
         if self.kind == "hf":
             import torch
@@ -86,7 +86,7 @@ class EngineActor:
 
     def device(self) -> str:
         """Where this worker receives pushed weights: its GPU when Ray gave it one, else the CPU."""
-        from ..devices import on_gpu
+        from rstar2_agent.devices import on_gpu
 
         return "cuda" if self.kind == "vllm" and on_gpu() else "cpu"
 
@@ -94,7 +94,7 @@ class EngineActor:
                                 timeout_s: float) -> None:
         """Join (in a thread: generation goes on meanwhile) the learner's weight-sync group as `rank`, its
         buffers on `device` (the group's: "cuda" when every member has a GPU, else "cpu")."""
-        from .weight_sync import WeightGroup
+        from .push.collective import WeightGroup
 
         self.leave_weight_group()
         self.group = await asyncio.to_thread(WeightGroup, host, port, rank, world, device=device,
@@ -120,7 +120,7 @@ class EngineActor:
         return count
 
     def weight_transfer(self) -> tuple[str | None, int]:
-        """vLLM's weight transfer of this worker's engine ("nccl" on a GPU, else None) and its tensor-parallel size
+        """vLLM's weight transfer of this worker's engine ("nccl", "ipc", or None) and its tensor-parallel size
         (how many ranks it takes in the transfer group)."""
         return getattr(self.engine, "weight_transfer", None), int(self.options.get("tensor_parallel_size", 1))
 
@@ -139,6 +139,10 @@ class EngineActor:
 
     async def shutdown_weight_transfer(self) -> None:
         await self.engine.shutdown_weight_transfer()  # type: ignore[union-attr]
+
+    async def abort_weight_transfer(self) -> int:
+        """A failed push ended on this worker's engine (VLLMEngine.abort_weight_transfer); names it had loaded."""
+        return await self.engine.abort_weight_transfer()  # type: ignore[union-attr]
 
     def leave_weight_group(self) -> None:
         group, self.group = self.group, None
