@@ -104,8 +104,16 @@ class _Stream:
         pass
 
 
+_saved: list[tuple[Any, str, Any]] = []
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    _saved.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
 def install() -> None:
-    """Patch this process's CUDA IPC primitives (idempotent)."""
+    """Patch this process's CUDA IPC primitives (idempotent; `uninstall` puts them back)."""
     global _installed
     if _installed:
         return
@@ -113,19 +121,28 @@ def install() -> None:
     from vllm.distributed.weight_transfer import ipc_engine, packed_tensor
 
     props = types.SimpleNamespace(uuid=UUID, name="cuda-ipc-on-cpu", total_memory=0)
-    torch.cuda.get_device_properties = lambda *_a, **_k: props  # type: ignore[assignment]
-    torch.cuda.ipc_collect = ipc_collect  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *_a, **_k: None  # type: ignore[assignment]
-    torch.cuda.current_stream = lambda *_a, **_k: _Stream()  # type: ignore[assignment]
-    torch.accelerator.current_device_index = lambda: 0  # type: ignore[assignment]
-    reductions.rebuild_cuda_tensor = rebuild_cuda_tensor  # PackedBufferImporter imports it at call time
-    ipc_engine.reduce_tensor = reduce_tensor
-    ipc_engine.rebuild_cuda_tensor = rebuild_cuda_tensor
-    packed_tensor.reduce_tensor = reduce_tensor
+    _set(torch.cuda, "get_device_properties", lambda *_a, **_k: props)
+    _set(torch.cuda, "ipc_collect", ipc_collect)
+    _set(torch.cuda, "synchronize", lambda *_a, **_k: None)
+    _set(torch.cuda, "current_stream", lambda *_a, **_k: _Stream())
+    _set(torch.accelerator, "current_device_index", lambda: 0)
+    _set(reductions, "rebuild_cuda_tensor", rebuild_cuda_tensor)  # PackedBufferImporter imports it at call time
+    _set(ipc_engine, "reduce_tensor", reduce_tensor)
+    _set(ipc_engine, "rebuild_cuda_tensor", rebuild_cuda_tensor)
+    _set(packed_tensor, "reduce_tensor", reduce_tensor)
     # the packed producer's `torch.empty(..., device="cuda")`: the module sees torch with that one call substituted
     names = {k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")}
-    packed_tensor.torch = types.SimpleNamespace(**{**names, "empty": _empty})
+    _set(packed_tensor, "torch", types.SimpleNamespace(**{**names, "empty": _empty}))
     _installed = True
+
+
+def uninstall() -> None:
+    global _installed
+    while _saved:
+        owner, name, value = _saved.pop()
+        setattr(owner, name, value)
+    ipc_collect()
+    _installed = False
 
 
 def environment() -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import devices, processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
-from .vllm_transfer import INSECURE_ENV, transfer_config
+from .vllm_transfer import transfer_config
 from .weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
 log = logging.getLogger(__name__)
@@ -154,13 +154,8 @@ class VLLMEngine(Engine):
         self._transfer: dict[str, Any] | None = None  # the push under way through vLLM's weight transfer
         self.load: dict[str, Any] = {}  # the scheduler's figures after its latest step (see `stats`)
         before = set(processes.descendants(os.getpid()))
-        # the CUDA IPC push carries torch's IPC handles, which vLLM's msgpack wire refuses: they travel pickled
-        # (`ipc_handles_pickled`, as vLLM's own HTTP client sends them), and vLLM's workers unpickle them only with
-        # INSECURE_ENV set. It is set for this engine's processes alone (they inherit it at start), not kept here.
-        insecure = {INSECURE_ENV: "1"} if self.weight_transfer == "ipc" else {}
         try:
-            with processes.environment(insecure):
-                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._load_logger])
         except Exception as e:  # noqa: BLE001
             hint = (" (the GPU's memory is shared with this process's learner or another process: lower "
                     "gpu_memory_utilization to what is free, or give the rollout engine its own GPU with distributed: "

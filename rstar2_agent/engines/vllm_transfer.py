@@ -44,8 +44,6 @@ TRANSFERS = ("nccl", "ipc")  # the engine's `weight_transfer`: which of vLLM's t
 # where the CUDA IPC transfer runs on a CPU: the module of a stand-in for CUDA IPC that every process installs
 # (rstar2_agent.bench.cuda_ipc_on_cpu, for tests and `rstar2 bench push`; never set by the product)
 SUBSTITUTE_ENV = "RSTAR2_CUDA_IPC_SUBSTITUTE"
-# vLLM's workers unpickle IPC handles (which its msgpack wire cannot carry) only with this set
-INSECURE_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 
 
 def transfer_config(on_gpu: bool, weight_transfer: str | None) -> dict[str, str] | None:

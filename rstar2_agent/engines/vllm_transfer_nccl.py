@@ -47,4 +47,22 @@ class CheckedNCCLEngine(CountsLoaded, NCCLWeightTransferEngine):
 
 
 class CheckedIPCEngine(CountsLoaded, IPCWeightTransferEngine):
-    pass
+    """CUDA IPC handles hold a tensor class, a `torch.Size`, a storage class and a `torch.dtype`, which vLLM's
+    msgpack wire refuses; the trainer sends them pickled in `ipc_handles_pickled` (as vLLM's own HTTP client does),
+    and this engine unpickles that one field. vLLM's own unpickling of it needs VLLM_ALLOW_INSECURE_SERIALIZATION,
+    which cannot be scoped to it: the engine core caches its environment at start (vllm.envs.enable_envs_cache), and
+    set there the switch also makes the engine core send pickled utility results, which the front end (the
+    learner's process) then refuses unless it is set there too (msgspec.ValidationError, seen on vLLM 0.32's CPU
+    build). So the trust this takes is exactly the handle field of an update, from the engine's own trainer, in an
+    engine started with this backend (only a training run starts one: `rstar2 serve` never does)."""
+
+    def parse_update_info(self, update_dict: dict[str, Any]) -> Any:
+        blob = update_dict.get("ipc_handles_pickled")
+        if blob is not None:
+            import pickle
+
+            import pybase64
+
+            update_dict = {k: v for k, v in update_dict.items() if k != "ipc_handles_pickled"}
+            update_dict["ipc_handles"] = pickle.loads(pybase64.b64decode(blob))
+        return super().parse_update_info(update_dict)
