@@ -190,6 +190,9 @@ def _rank(rank: int, port: int, path: str, guarded: bool, out) -> None:
         out.put((rank, type(e).__name__, time.perf_counter() - t0, str(e)[:300]))
     finally:
         cuda_ipc_on_cpu.ipc_collect()
+        out.close()
+        out.join_thread()  # the result written before the hard exit below
+        time.sleep(GROUP_TIMEOUT_S + 60)  # alive, as a Ray learner actor stays after a failed call: the parent kills it
         os._exit(0)  # a rank left in a broken gloo group cannot always destroy it
 
 
@@ -209,9 +212,8 @@ def two_ranks(path: str, guarded: bool) -> dict[int, tuple]:
             results[rank] = tuple(rest)
     finally:
         for p in procs:
+            p.kill()
             p.join(10)
-            if p.is_alive():
-                p.kill()
     return results
 
 
