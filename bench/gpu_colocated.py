@@ -82,7 +82,9 @@ async def _step(k: int, learner: Any, engine: Any, colocation: Any, info: dict[s
     update_s = time.perf_counter() - t0
     update_peak = meter.peak() + absolute
     t1 = time.perf_counter()
-    await colocation.push(lambda: learner.push(engine))
+    from rstar2_agent.train.push import Chunked
+
+    await colocation.push(lambda: Chunked().push(learner, engine))
     await colocation.wake()
     push_s = time.perf_counter() - t1
     probe = _random_ids(1, 48, info["vocab"], seed=99)[0]

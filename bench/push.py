@@ -54,16 +54,14 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     try:
         pool, _ = await start_rollout(cfg, resolved.path, min(resolved.spec.context_length, 2048), 64)
         for mode in MODES:  # warm-up: the collective's group, every page touched once
-            cfg.weight_push = mode
-            await group.push(pool)
+            await group.push(pool, mode)
         row = PushBench(model, workers,
                         nbytes(group.plan) / 2**20,
                         {m: [] for m in MODES})
         for r in range(rounds):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                cfg.weight_push = mode
                 t0 = time.perf_counter()
-                await group.push(pool)
+                await group.push(pool, mode)
                 row.seconds[mode].append(time.perf_counter() - t0)
                 log.info("round %d %s: %.2f s", r + 1, mode, row.seconds[mode][-1])
         prompt = pool.tokenizer.apply_chat_template([{"role": "user", "content": "What is 6 * 7?"}],

@@ -115,7 +115,9 @@ async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vl
                 p.mul_(1.1)
     stale = await gap()
     try:
-        await learner.push(vllm_engine)  # what the RL step's sync does with this engine
+        from rstar2_agent.train.push import Chunked
+
+        await Chunked().push(learner, vllm_engine)  # what the RL step's sync does with this engine (chunked)
         fresh = await gap()
     finally:
         await vllm_engine.load_weights(load_file(f"{vllm_engine.model_path}/model.safetensors"))

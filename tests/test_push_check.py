@@ -16,6 +16,7 @@ from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.train.learner.local import LocalLearner
 from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem
+from rstar2_agent.train.push import Chunked, Shared
 from rstar2_agent.train.push_check import (
     BF16_BOUND,
     FP32_BOUND,
@@ -62,7 +63,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     engine = HFEngine(tiny_smollm2, context_length=2048)
     assert engine.compute_dtype == model.compute_dtype == "fp32"
     train(model, fmt)
-    await model.push(engine)
+    await Chunked().push(model, engine)
     figures = await check_push(CHECK, fmt, engine, model, 1)
     assert figures["push_probe_max_abs_diff"] < 1e-5 and figures["push_probe_mean_abs_diff"] <= 1e-5
     print(f"fp32 learner -> hf engine of its own, a real push: {figures}")  # docs/results.md (pytest -s)
@@ -72,7 +73,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
 
     monkeypatch.setattr(engine, "load_weights", nothing)
     train(model, fmt)
-    await model.push(engine)
+    await Chunked().push(model, engine)
     with pytest.raises(PushCheckError, match=r"after update 2 .* over the bound 0\.001 \(from the dtypes: engine "
                                              r"fp32, learner fp32\)") as caught:
         await check_push(CHECK, fmt, engine, model, 2)
@@ -83,7 +84,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
         assert cause in str(caught.value)
 
     shared = HFEngine(tiny_smollm2, context_length=2048, model=model.model, tokenizer=model.tokenizer)
-    await model.push(shared)  # the hf engine on the learner's own model: no push, and the check holds trivially
+    await Shared().push(model, shared)  # the hf engine on the learner's own model: no push, the check holds trivially
     assert (await check_push(CHECK, fmt, shared, model, 2))["push_probe_max_abs_diff"] == 0.0
 
 
@@ -147,7 +148,7 @@ async def test_vllm_scores_the_probe_as_the_learner_after_a_real_push(vllm_engin
     model = LocalLearner(smol.path, OptimConfig(), 1, dtype="fp32")
     fmt = ChatFormat(model.tokenizer, "markdown")
     assert vllm_engine.compute_dtype == "bf16"
-    await model.push(vllm_engine)
+    await Chunked().push(model, vllm_engine)
     figures = await check_push(CHECK, fmt, vllm_engine, model, 1)
     assert 1e-3 < figures["push_probe_max_abs_diff"] < 0.5 and figures["push_probe_mean_abs_diff"] < 0.1
     print(f"fp32 learner -> vLLM (bf16), SmolLM2-135M: {figures}")  # docs/results.md (pytest -s)

@@ -25,12 +25,13 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.train.learner.ray_group import RayConfig
+    from rstar2_agent.train.push import ThroughGroup
 
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
                                                                             schedule="constant"),
                ray=RayConfig(learners=1, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
                              sandbox_actors=1, cpus_per_sandbox_actor=0.25, sandbox_workers=1,
-                             weight_push="collective", weight_push_timeout_s=60, max_worker_restarts=1))
+                             weight_push_timeout_s=60, max_worker_restarts=1), weight_push="collective")
     run = RLRun(cfg)
     try:
         await run.start()
@@ -77,7 +78,7 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         assert max(abs(a - b) for a, b in zip(second[0].logprobs, pushed.logprobs, strict=False)) > 1e-4
 
         # the object store path still pushes (weight_push=object_store), and a replacement would load its reference
-        run.learner.cfg.weight_push = "object_store"
+        run.push = ThroughGroup("object_store")
         run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
         await run.sync_weights()
         third = [await w.generate(prompt, greedy) for w in workers]
@@ -88,7 +89,7 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         # a worker that dies while idle is found by the next push by the collective before its broadcast (on NCCL
         # a broadcast to a dead member would end in the watchdog's teardown of rank 0): replaced, the group rebuilt,
         # no broadcast failed; both workers then hold the new weights
-        run.learner.cfg.weight_push = "collective"
+        run.push = ThroughGroup("collective")
         idle = await workers[1].pid()
         os.kill(idle, signal.SIGKILL)
         run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])

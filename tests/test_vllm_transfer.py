@@ -8,20 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rstar2_agent.engines.vllm_transfer import BACKEND, IPC_BACKEND, RolloutClient, register, source, transfer_config
+from rstar2_agent.engines.vllm_transfer import BACKEND, IPC_BACKEND, register, transfer_config
+from rstar2_agent.train.push.vllm import RolloutClient, source
 
 
-def test_vllms_transfer_is_on_for_gpus_only():
-    assert transfer_config(on_gpu=True, weight_transfer="auto") == {"backend": BACKEND}
-    assert transfer_config(on_gpu=False, weight_transfer="auto") is None  # the chunked fallback
-    assert transfer_config(on_gpu=True, weight_transfer="fallback") is None
-    with pytest.raises(ValueError, match="needs a GPU"):
-        transfer_config(on_gpu=False, weight_transfer="vllm")
-    with pytest.raises(ValueError, match="auto, vllm, ipc or fallback"):
-        transfer_config(on_gpu=True, weight_transfer="nccl")
-    # colocated: CUDA IPC to an engine on the learner's GPU; on a CPU the CPU push, as auto
+def test_vllms_transfer_is_what_the_push_chose_and_needs_a_gpu():
+    assert transfer_config(on_gpu=True, weight_transfer="nccl") == {"backend": BACKEND}
     assert transfer_config(on_gpu=True, weight_transfer="ipc") == {"backend": IPC_BACKEND}
-    assert transfer_config(on_gpu=False, weight_transfer="ipc") is None
+    assert transfer_config(on_gpu=False, weight_transfer=None) is None  # the chunked push
+    assert transfer_config(on_gpu=True, weight_transfer=None) is None
+    with pytest.raises(ValueError, match="needs a GPU"):
+        transfer_config(on_gpu=False, weight_transfer="nccl")
+    with pytest.raises(ValueError, match="nccl, ipc or None"):
+        transfer_config(on_gpu=True, weight_transfer="vllm")
     client = RolloutClient([object(), object()], [1, 1], 10.0, ipc=True)
     assert client.init_payloads({"packed": False}) == [{"packed": False}] * 2  # IPC has no group, so no rank offsets
 
@@ -34,7 +33,7 @@ def test_vllm_takes_the_transfer_config_and_resolves_the_backend(smol):
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    args = AsyncEngineArgs(model=smol.path, weight_transfer_config=transfer_config(True, "auto"))
+    args = AsyncEngineArgs(model=smol.path, weight_transfer_config=transfer_config(True, "nccl"))
     assert isinstance(args.weight_transfer_config, WeightTransferConfig)
     assert args.weight_transfer_config.backend == BACKEND
     import rstar2_agent.engines.vllm_worker  # noqa: F401 - what a vLLM worker imports: it registers the backend
@@ -127,7 +126,7 @@ def test_the_engine_arguments_on_a_gpu_and_on_the_cpu_build_without_a_gpu(smol):
     assert gpu["weight_transfer_config"] == {"backend": BACKEND} and gpu["enforce_eager"] is False
     assert gpu["dtype"] == "auto"  # the model's own (bf16 for Qwen3)
     mine = engine_args(str(smol), on_gpu=True, context_length=12288, max_num_batched_tokens=16384,
-                       gpu_memory_utilization=0.5, weight_transfer="fallback")
+                       gpu_memory_utilization=0.5, weight_transfer=None)
     assert mine["max_num_batched_tokens"] == 16384 and mine["gpu_memory_utilization"] == 0.5
     assert "weight_transfer_config" not in mine
     cpu = engine_args(str(smol), on_gpu=False, context_length=4096, kv_cache_gib=1.5)
