@@ -320,15 +320,34 @@ def rollout_cmd(recipe, rounds, overrides) -> None:
 @click.option("--bucket-mb", type=float, default=256.0, show_default=True, help="The collective's bucket size.")
 @click.option("--max-message-mb", type=float, default=64.0, show_default=True,
               help="vllm: the message cap of the chunked pushes (64 cuts a 135M model as 2048 cuts a 14B one).")
+@click.option("--all", "every", is_flag=True, help="Every backend a CPU can run (CUDA IPC substituted, named), each "
+              "injected failure and its recovery time; exits 1 unless every backend is ok and every failure recovered.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Also write the figures here.")
-def push_cmd(model, engine, workers, rounds, bucket_mb, max_message_mb, json_file) -> None:
+def push_cmd(model, engine, workers, rounds, bucket_mb, max_message_mb, every, json_file) -> None:
     """Seconds (and, --engine vllm, peak memory) per weight push: to the Ray rollout workers (local cluster, CPU),
-    collective against object store; or into vLLM in this process, one message against chunked."""
+    collective against object store; or into vLLM in this process, one message against chunked; or --all."""
     import asyncio
     from dataclasses import asdict
     from pathlib import Path
 
     from .push import bench_push, bench_vllm_push
+
+    if every:
+        from .push_all import bench_push_all
+
+        report = asyncio.run(bench_push_all(model))
+        click.echo(f"{model}: every weight push a CPU runs (substituted: {report['substituted']})")
+        for name, b in report["backends"].items():
+            click.echo(f"{name:>12}: ok {b['ok']}, {b.get('seconds', '-')} s, {b.get('bytes', '-')} bytes, peak added "
+                       f"{b.get('peak_added_mib', '-')} MiB{'; ' + b['note'] if b.get('note') else ''}")
+        for f in report["failures"]:
+            click.echo(f"{f['backend']:>12} failure at {f['phase']}: {f['error']}; left paused {f['left_paused']}; "
+                       f"recovered {f['recovered']} in {f['recovery_s']} s")
+        if json_file:
+            Path(json_file).write_text(json.dumps(report, indent=1))
+        if not report["ok"]:
+            raise SystemExit(1)
+        return
 
     if engine == "vllm":
         vrow = asyncio.run(bench_vllm_push(model, rounds, max_message_mb))
