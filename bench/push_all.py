@@ -204,7 +204,7 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     for mode in ("collective", "object_store"):
         report["backends"][mode] = {"ok": True, "seconds": round(ray_row.median(mode), 3),
                                     "bytes": int(ray_row.megabytes * 2**20), "peak_added_mib": None,
-                                    "note": "Ray, 2 hf rollout workers; ok: the workers agree greedily after the pushes"}
+                                    "note": "Ray, 2 hf rollout workers; ok: the workers agree after the pushes"}
     report["backends"]["nccl"] = {"ok": None, "note": "not run: vLLM's NCCL transfer needs CUDA (PyNccl)"}
     report["ok"] = (all(b["ok"] for k, b in report["backends"].items() if k != "nccl")
                     and all(f["recovered"] for f in report["failures"]))
