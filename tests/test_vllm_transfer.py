@@ -120,7 +120,7 @@ def test_the_engine_arguments_on_a_gpu_and_on_the_cpu_build_without_a_gpu(smol):
 
     from rstar2_agent.engines.vllm import DEFAULT_GPU_SHARE, GPU_BATCHED_TOKENS, engine_args
 
-    gpu = engine_args(str(smol), on_gpu=True, context_length=12288)
+    gpu = engine_args(str(smol), on_gpu=True, context_length=12288, weight_transfer="nccl")
     assert gpu["max_num_batched_tokens"] == GPU_BATCHED_TOKENS == 8192 and "enable_chunked_prefill" not in gpu
     assert gpu["gpu_memory_utilization"] == DEFAULT_GPU_SHARE and "kv_cache_memory_bytes" not in gpu
     assert gpu["weight_transfer_config"] == {"backend": BACKEND} and gpu["enforce_eager"] is False

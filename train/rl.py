@@ -195,6 +195,7 @@ def check_placement(cfg: RLConfig) -> None:
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
                          f"not {cfg.sleep_level!r}")
+    choose(cfg)  # the placement's weight push (colocated on GPUs: CUDA IPC), refused here by name when it cannot run
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
