@@ -133,12 +133,10 @@ class Chunked(WeightPush):
     name = "chunked"
 
     async def push(self, learner: Any, engine: Any) -> None:
-        from rstar2_agent.engines.base import EngineError
-
         state = learner.full_state_dict()
         try:
             await engine.load_weights(state)
-        except (EngineError, RuntimeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - vLLM's collective_rpc raises a bare Exception for a worker's error
             raise PushError(self.name, "load", 0, None, e) from e
 
 
