@@ -11,6 +11,7 @@ left serving, and the recovery time (from the failed call's return to a good pus
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from typing import Any
@@ -37,7 +38,8 @@ def _reset_hwm() -> None:
         pass
 
 
-def _greedy(model: Any, n: int = 6) -> list[int]:
+def greedy(model: Any, n: int = 6) -> list[int]:
+    """The learner's greedy continuation of PROMPT (what the engine must generate after a good push)."""
     out = list(PROMPT)
     with torch.no_grad():
         for _ in range(n):
@@ -45,15 +47,15 @@ def _greedy(model: Any, n: int = 6) -> list[int]:
     return out[len(PROMPT):]
 
 
-async def _engine_greedy(engine: Any, n: int = 6) -> list[int]:
+async def engine_greedy(engine: Any, n: int = 6, timeout_s: float = 60.0) -> list[int]:
     from rstar2_agent.engines.base import SamplingParams
 
     gen = await asyncio.wait_for(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=n,
-                                                                        ignore_eos=True)), 60)
+                                                                        ignore_eos=True)), timeout_s)
     return gen.token_ids
 
 
-class _Learner:
+class MovedLearner:
     """The learner's side of a push, in this process: its model moved away from the engine's start (seeded)."""
 
     def __init__(self, path: str):
@@ -69,7 +71,10 @@ class _Learner:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
 
-def _fail_at(phase: str):
+def fail_at(phase: str):
+    """A wrapper of vLLM's weight-sync client that fails the push at `phase` (start, mid-send: chunk 2, receiver: a
+    shape vLLM's worker refuses in chunk 2, a real load error there, or finish); the rest is vLLM's own path."""
+
     class Failing:
         def __init__(self, inner: Any):
             self.inner, self.seen = inner, 0
@@ -98,28 +103,50 @@ def _fail_at(phase: str):
     return Failing
 
 
-async def _measure(push: Any, learner: Any, engine: Any, want: list[int]) -> dict[str, Any]:
+async def _measure(push: Any, engine: Any, want: list[int]) -> dict[str, Any]:
     _reset_hwm()
     rest = _hwm_kib()
     t0 = time.perf_counter()
     out = await push()
     seconds = time.perf_counter() - t0
-    return {"ok": await _engine_greedy(engine) == want, "seconds": round(seconds, 3),
+    return {"ok": await engine_greedy(engine) == want, "seconds": round(seconds, 3),
             "peak_added_mib": round((_hwm_kib() - rest) / 1024, 1), "result": out}
+
+
+async def _failure(backend: str, phase: str, failing: Any, good: Any, engine: Any, want: list[int]) -> dict[str, Any]:
+    """One injected failure: the failing push, then whether the engine was left paused, and the recovery (a good
+    push and the learner's tokens generated) timed."""
+    from rstar2_agent.train.push import PushError
+
+    t0 = time.perf_counter()
+    try:
+        await failing()
+        named = "no error"
+    except PushError as e:
+        named = f"{e.phase} (rank {e.rank}, {e.parameter or 'no parameter'}, mixed {e.mixed})"
+    failed_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    paused = await engine.engine.is_paused()
+    await good()
+    ok = await engine_greedy(engine) == want
+    recovered = time.perf_counter() - t1
+    return {"backend": backend, "phase": phase, "error": named, "left_paused": paused,
+            "failed_after_s": round(failed_s, 3), "recovery_s": round(recovered, 3),
+            "recovered": named != "no error" and ok and not paused and recovered < RECOVERY_BOUND_S}
 
 
 async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     from rstar2_agent import processes
     from rstar2_agent.engines.vllm import VLLMEngine
     from rstar2_agent.models import resolve_model
-    from rstar2_agent.train.push import Chunked, PushError, Shared
+    from rstar2_agent.train.push import Chunked, Shared
     from rstar2_agent.train.push.vllm import push_in_place
 
     from . import cuda_ipc_on_cpu
 
     resolved = resolve_model(model)
-    learner = _Learner(resolved.path)
-    want = _greedy(learner.model)
+    learner = MovedLearner(resolved.path)
+    want = greedy(learner.model)
     item = 4  # fp32 engines: greedy tokens comparable with the fp32 learner's
     state_bytes = sum(p.numel() * item for p in dict(learner.model.named_parameters()).values())
     report: dict[str, Any] = {"model": model, "substituted": {"ipc": "CUDA IPC (rstar2_agent.bench.cuda_ipc_on_cpu)"},
@@ -139,28 +166,17 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
             ipc = VLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32",
                              weight_transfer="ipc")
         try:
-            row = await _measure(lambda: push_in_place(learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120),
-                                 learner, ipc, want)
+            def good() -> Any:
+                return push_in_place(learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120)
+
+            row = await _measure(good, ipc, want)
             guard = row.pop("result")
             report["backends"]["ipc"] = {**row, "bytes": guard.sent_bytes, "chunks": guard.chunks,
                                          "buffer_mb": BUFFER_MB}
             for phase in ("start", "mid-send", "receiver", "finish"):
-                t0 = time.perf_counter()
-                try:
-                    await push_in_place(learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120, wrap=_fail_at(phase))
-                    named = "no error"
-                except PushError as e:
-                    named = f"{e.phase} (rank {e.rank}, {e.parameter or 'no parameter'}, mixed {e.mixed})"
-                failed_s = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                paused = await ipc.engine.is_paused()
-                await push_in_place(learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120)
-                ok = await _engine_greedy(ipc) == want
-                recovered = time.perf_counter() - t1
-                report["failures"].append({"backend": "ipc", "phase": phase, "error": named, "left_paused": paused,
-                                           "failed_after_s": round(failed_s, 3), "recovery_s": round(recovered, 3),
-                                           "recovered": named != "no error" and ok and not paused
-                                           and recovered < RECOVERY_BOUND_S})
+                failing = functools.partial(push_in_place, learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120,
+                                            wrap=fail_at(phase))
+                report["failures"].append(await _failure("ipc", phase, failing, good, ipc, want))
         finally:
             await ipc.close()
     finally:
@@ -168,7 +184,7 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
 
     chunked = VLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32")
     try:
-        row = await _measure(lambda: Chunked().push(learner, chunked), learner, chunked, want)
+        row = await _measure(lambda: Chunked().push(learner, chunked), chunked, want)
         row.pop("result")
         report["backends"]["chunked"] = {**row, "bytes": state_bytes}
         bad = dict(learner.full_state_dict())
@@ -181,22 +197,8 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
             def full_state_dict(self) -> dict[str, torch.Tensor]:
                 return bad
 
-        t0 = time.perf_counter()
-        try:
-            await Chunked().push(Broken(), chunked)
-            named = "no error"
-        except PushError as e:
-            named = f"{e.phase} (rank {e.rank})"
-        failed_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        paused = await chunked.engine.is_paused()
-        await Chunked().push(learner, chunked)
-        ok = await _engine_greedy(chunked) == want
-        recovered = time.perf_counter() - t1
-        report["failures"].append({"backend": "chunked", "phase": "receiver", "error": named, "left_paused": paused,
-                                   "failed_after_s": round(failed_s, 3), "recovery_s": round(recovered, 3),
-                                   "recovered": named != "no error" and ok and not paused
-                                   and recovered < RECOVERY_BOUND_S})
+        report["failures"].append(await _failure("chunked", "receiver", lambda: Chunked().push(Broken(), chunked),
+                                                 lambda: Chunked().push(learner, chunked), chunked, want))
     finally:
         await chunked.close()
 

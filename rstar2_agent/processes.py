@@ -135,10 +135,6 @@ def _sidecar(parent: int, grace: float, pids: list[int]) -> None:
         end_tree(pid, grace)
 
 
-if __name__ == "__main__":
-    _sidecar(int(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]])
-
-
 @contextlib.contextmanager
 def environment(values: dict[str, str]) -> Iterator[None]:
     """`values` in os.environ for the duration (what the processes started inside inherit), then as before."""
@@ -152,3 +148,8 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+if __name__ == "__main__":
+    _sidecar(int(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]])
+

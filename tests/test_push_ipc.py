@@ -9,7 +9,6 @@ serializable") and left the engine paused: no token for 30 s."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import os
 import time
@@ -19,12 +18,12 @@ import torch
 
 from rstar2_agent import processes
 from rstar2_agent.bench import cuda_ipc_on_cpu
-from rstar2_agent.engines.base import SamplingParams
+from rstar2_agent.bench.push_all import MovedLearner, fail_at, greedy
+from rstar2_agent.bench.push_all import engine_greedy as bench_engine_greedy
 from rstar2_agent.train.push import PushError
 from rstar2_agent.train.push.vllm import push_in_place
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("push_ipc")]
-PROMPT = [1, 504, 3125, 314, 260, 1345, 30, 2]
 BUFFER_MB = 128.0  # several packed chunks for SmolLM2 (its embedding alone is 108 MiB in fp32)
 RANKS_BUFFER_MB = 16.0  # the tiny model's (its embedding: 12 MiB in fp32)
 
@@ -49,28 +48,11 @@ async def ipc_engine(smol):
 @pytest.fixture(scope="module")
 def learner_model(smol):
     """The learner's weights: SmolLM2 moved well away from what the engine loaded at start."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(smol.path, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-    return model
-
-
-def greedy(model, ids: list[int], n: int = 8) -> list[int]:
-    out = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            out.append(int(model(torch.tensor([out])).logits[0, -1].argmax()))
-    return out[len(ids):]
+    return MovedLearner(smol.path).model
 
 
 async def engine_greedy(engine, n: int = 8) -> list[int]:
-    gen = await asyncio.wait_for(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=n,
-                                                                        ignore_eos=True)), 30)
-    return gen.token_ids
+    return await bench_engine_greedy(engine, n, timeout_s=30)
 
 
 async def serves(engine) -> None:
@@ -81,7 +63,7 @@ async def serves(engine) -> None:
 
 async def test_ipc_push_through_vllms_own_code_with_cuda_ipc_substituted(ipc_engine, learner_model):
     before = await engine_greedy(ipc_engine)
-    want = greedy(learner_model, PROMPT)
+    want = greedy(learner_model, 8)
     assert before != want  # the learner's weights differ from the engine's, visibly
     guard = await push_in_place(learner_model, ipc_engine, buffer_mb=BUFFER_MB, timeout_s=60)
     assert guard.error is None and guard.chunks >= 2  # packed: several chunks through one bounded buffer
@@ -90,37 +72,7 @@ async def test_ipc_push_through_vllms_own_code_with_cuda_ipc_substituted(ipc_eng
     await serves(ipc_engine)
 
 
-def fail_at(phase: str, chunk: int = 2):
-    """A client wrapper that fails the push at `phase` (the failure injected, the rest vLLM's own path)."""
-    class Failing:
-        def __init__(self, inner):
-            self.inner, self.seen = inner, 0
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def start_weight_update(self):
-            if phase == "start":
-                raise RuntimeError("injected: start")
-            self.inner.start_weight_update()
-
-        def update_weights(self, info):
-            self.seen += 1
-            if phase == "update" and self.seen == chunk:
-                raise RuntimeError("injected: mid-send")
-            if phase == "receiver" and self.seen == chunk:  # a real load error in vLLM's worker: a shape it refuses
-                info = {**info, "shapes": [[s[0] + 1, *s[1:]] if s else s for s in info["shapes"]]}
-            self.inner.update_weights(info)
-
-        def finish_weight_update(self, weight_version=None):
-            if phase == "finish":
-                raise RuntimeError("injected: finish")
-            self.inner.finish_weight_update()
-
-    return Failing
-
-
-@pytest.mark.parametrize("phase,where", [("start", "start"), ("update", "update (chunk 2)"),
+@pytest.mark.parametrize("phase,where", [("start", "start"), ("mid-send", "update (chunk 2)"),
                                          ("receiver", "update (chunk 2)"), ("finish", "finish")])
 async def test_a_failed_ipc_push_aborts_resumes_and_the_next_push_succeeds(ipc_engine, learner_model, phase, where):
     t0 = time.perf_counter()
@@ -129,12 +81,12 @@ async def test_a_failed_ipc_push_aborts_resumes_and_the_next_push_succeeds(ipc_e
     assert time.perf_counter() - t0 < 60
     err = info.value
     assert err.backend == "ipc" and err.phase == where and err.rank == 0, str(err)
-    if phase in ("update", "receiver"):
+    if phase in ("mid-send", "receiver"):
         assert err.parameter  # the first parameter of the failed chunk
         assert err.mixed > 0  # chunk 1 had loaded: said, and replaced whole by the next push
     await serves(ipc_engine)  # not paused, generating
     await push_in_place(learner_model, ipc_engine, buffer_mb=BUFFER_MB, timeout_s=60)
-    assert await engine_greedy(ipc_engine) == greedy(learner_model, PROMPT)
+    assert await engine_greedy(ipc_engine) == greedy(learner_model, 8)
 
 
 # ---- two learner ranks (gloo): a rank 0 that fails inside vLLM's trainer engine releases the other at once
@@ -224,7 +176,9 @@ def test_a_rank_0_failure_releases_every_rank_within_seconds(tiny_smollm2):
     results = two_ranks(tiny_smollm2, guarded=True)
     assert {r: results[r][0] for r in (0, 1)} == {0: "PushError", 1: "PushError"}, results
     assert all(results[r][1] < GROUP_TIMEOUT_S / 2 for r in (0, 1)), results
+    print(f"guarded: rank 0 {results[0][1]:.2f} s, rank 1 {results[1][1]:.2f} s")  # docs/results.md (pytest -s)
     assert "update (chunk 1)" in results[0][2] and "rank 0" in results[0][2]
     old = two_ranks(tiny_smollm2, guarded=False)
     assert old[0][0] == "RuntimeError" and old[0][1] < 5, old  # rank 0 raised at once ...
     assert old[1][0] != "ok" and old[1][1] >= GROUP_TIMEOUT_S * 0.9, old  # ... and rank 1 waited out the timeout
+    print(f"as before: rank 0 {old[0][1]:.2f} s, rank 1 {old[1][1]:.2f} s")

@@ -71,9 +71,8 @@ class WeightSync:
             finally:
                 engine.reloading = False
                 engine.reset_weight_update_target()
-                self._weight_update_active = False  # type: ignore[attr-defined]
             self.model_runner.reset_lora_state()  # type: ignore[attr-defined]
-        self._weight_update_active = False  # type: ignore[attr-defined]
+        self._weight_update_active = False  # type: ignore[attr-defined]  # the next start_weight_update is taken
         return {"open": open_, "loaded": loaded if open_ else 0}
 
     def transferred_weight_names(self) -> list[str]:

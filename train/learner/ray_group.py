@@ -133,7 +133,9 @@ class LearnerActor:
         self.group: Any = None  # rank 0: the weight-sync group (weight_sync.WeightGroup)
         self.pushed: dict[str, Any] | None = None  # rank 0, collective: the last pushed weights (for replacements)
         self.pushed_ref_: list[Any] = []
-        self.transfer: Any = None  # every rank, vLLM's weight transfer: vLLM's NCCLTrainerWeightTransferEngine
+        self.transfer: Any = None  # every rank, vLLM's weight transfer: its NCCL or IPC trainer engine
+        self.guard: Any = None  # with it, the push's failure record (push/vllm.Guard) and the engines' client
+        self.rollout_client: Any = None
         self.kept: dict[str, Any] = {}  # rank 0, vLLM's weight transfer: CPU copies of what it sends
 
     def address(self) -> tuple[str, int]:

@@ -13,9 +13,9 @@ the failure (one all-reduce), rank 0 aborts the transfer on every engine, and al
 
 The IPC handles: torch's CUDA IPC handle is a tuple holding a tensor class, a `torch.Size`, a storage class and a
 `torch.dtype`, which vLLM's msgpack wire (the engine-core client) refuses; they travel pickled in
-`ipc_handles_pickled`, as vLLM's own HTTP client sends them, and the engine started for IPC unpickles them
-(vllm_transfer.INSECURE_ENV, set for that engine's processes only). The IPC push is packed: one reusable buffer of
-`buffer_mb` per rank (vLLM's packed producer), not a copy of the whole model.
+`ipc_handles_pickled`, as vLLM's own HTTP client sends them, and the engine's `rstar2_ipc` backend unpickles that
+field itself (engines/vllm_transfer_nccl.py says why vLLM's VLLM_ALLOW_INSECURE_SERIALIZATION is not used). The
+IPC push is packed: one reusable buffer of `buffer_mb` per rank (vLLM's packed producer), not a copy of the model.
 """
 
 from __future__ import annotations
