@@ -24,7 +24,10 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
    after torch.cuda.is_available() cannot); which SDPA kernels the learner's padded, unpadded and packed masks
    allow at --sdpa-seq on a Qwen3-14B attention; one FSDP2 rank over NCCL: an update, the optimizer step and the
    full-state gather.
-6. colocated (bench/gpu_colocated.py): two RL steps as `placement: colocated` runs them on one GPU (the learner and
+6. push (bench/gpu_push.py): CUDA IPC handles made by this process and opened by another, unpacked (a copy of the
+   weights) and packed (one reusable buffer): checksums, GB/s and the sender's peak against the buffer's bound; and
+   the learner's bf16 against fp32 probe scores, the gap the push check calibrates its bound on.
+7. colocated (bench/gpu_colocated.py): two RL steps as `placement: colocated` runs them on one GPU (the learner and
    an hf engine with weights of its own, sleeping through the update, the push in place, the push check): each
    phase's peak memory beside the plan's, learner tokens/s and MFU.
 
@@ -427,6 +430,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parity-rows", type=int, default=4, help="generations compared for logprob parity")
     ap.add_argument("--sdpa-seq", help="sequence lengths of the SDPA kernel probe (8192,12288; tiny 64)")
     ap.add_argument("--fsdp-seq", type=int, help="tokens per sequence of the one-rank FSDP2 step (1024; tiny 32)")
+    ap.add_argument("--ipc-total-mb", type=float, help="push probe: MB of bf16 weights pushed over CUDA IPC (1024; "
+                    "tiny 64)")
+    ap.add_argument("--ipc-buffer-mb", type=float, help="push probe: the packed buffer (128; tiny 32)")
     ap.add_argument("--mem-shape", choices=sorted(MEMORY_SHAPES), help="memory probe's model (qwen3-14b; tiny tiny)")
     ap.add_argument("--mem-tokens", type=int, help="memory probe: tokens of the longest trajectory (8192; tiny 128)")
     ap.add_argument("--mem-rows", type=int, help="memory probe: trajectories in the micro-batch (1; tiny 2)")
@@ -440,7 +446,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
              "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
-             "mem_tokens": (8192, 128), "mem_rows": (1, 2), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32)}
+             "mem_tokens": (8192, 128), "mem_rows": (1, 2), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32),
+             "ipc_total_mb": (1024.0, 64.0), "ipc_buffer_mb": (128.0, 32.0)}
     for k, (full, tiny) in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, tiny if args.tiny else full)
@@ -486,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         result["fork"] = part("fork", probes.fork_poison, ROOT)
         result["sdpa"] = part("sdpa", probes.sdpa_kernels, [int(x) for x in args.sdpa_seq.split(",")], device)
         result["fsdp"] = part("fsdp", probes.fsdp_one_rank, folder, device, args.fsdp_seq, 2)
+        push = sibling("gpu_push")
+        result["push_ipc"] = part("push_ipc", push.ipc, device, args.ipc_total_mb, args.ipc_buffer_mb)
+        result["push_probe"] = part("push_probe", push.probe, folder, device)
         free(device)
 
         loop = asyncio.new_event_loop()  # one loop for the engine's life: its worker task lives on it
@@ -503,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             loop.close()
     result["memory"] = part("memory", memory_probe, args, device)
-    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # 6. the colocated step, on a model of its own
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # 7. the colocated step, on a model of its own
         folder = Path(tmp)
         colocated = part("model", write_model, folder, args.tiny, device) if "colocated" not in skip else None
         if colocated is not None:

@@ -1,13 +1,14 @@
-"""The checked weight push (train/push_check.py): the bound follows the dtypes; after a real push the engine and
-the learner score the probe alike (an hf engine on its own weights, the hf engine sharing the learner's model, a
-replica pool, vLLM in this process), a push made to skip the weights after an update is caught with an error naming
-the causes, a persistently stale engine is caught within steps at the paper's rate in fp32, an engine that cannot
-score is skipped with one warning, and the figure is in a real RL step's metrics. The 2-layer SmolLM2 (conftest's
-tiny_smollm2) where the numbers are the machinery's; vLLM against SmolLM2 itself for the bf16 figure."""
+"""The checked weight push (train/push_check.py): the bound is calibrated on the run's own first look (or the
+dtypes' constants uncalibrated); after a real push the engine and the learner score the probe alike (an hf engine on
+its own weights, the hf engine sharing the learner's model, a replica pool, vLLM in this process); a no-op, a half
+and a healthy push are told apart at that push by the move; an engine on other weights is refused before any
+update; an engine that cannot score is skipped with one warning; and the figures are in a real RL run. The 2-layer
+SmolLM2 (conftest's tiny_smollm2) where the numbers are the machinery's; vLLM against SmolLM2 for the bf16 figure."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -22,8 +23,9 @@ from rstar2_agent.train.push_check import (
     FP32_BOUND,
     PushCheck,
     PushCheckError,
+    PushChecker,
     auto_bound,
-    check_push,
+    calibrated_bound,
     probe_ids,
 )
 
@@ -44,28 +46,40 @@ def train(model: LocalLearner, fmt: ChatFormat, steps: int = 1) -> None:
         model.update([UpdateItem(ids[:start], ids[start:], [1] * n, [0.0] * n, 1.0)], UpdateConfig(micro_batch=1), n)
 
 
-def test_the_bound_follows_the_dtypes():
-    assert auto_bound("fp32", "fp32") == FP32_BOUND == 1e-3
+def test_the_bound_follows_the_calibration_or_the_dtypes():
+    assert calibrated_bound(0.0, 3.0) == FP32_BOUND == 1e-3  # fp32 on the same kernels calibrates at 0
+    assert calibrated_bound(0.2, 3.0) == pytest.approx(0.6)  # bf16's measured gap on SmolLM2 is 0.18-0.21
+    assert auto_bound("fp32", "fp32") == FP32_BOUND  # uncalibrated: the dtypes' constants
     assert auto_bound("bf16", "fp32") == auto_bound("fp32", "bf16") == auto_bound("bf16", "bf16") == BF16_BOUND
     assert auto_bound("fp16", "fp32") == auto_bound(None, "fp32") == BF16_BOUND  # unknown: the larger bound
-    assert FP32_BOUND < 0.01 < 0.5 < BF16_BOUND  # bf16's measured gap on SmolLM2 is 0.18-0.45 (the docstring)
-    with pytest.raises(ValueError, match="probe_tokens"):
-        PushCheck(probe_tokens=0)
-    with pytest.raises(ValueError, match="positive"):
-        PushCheck(bound=0.0)
+    for bad, field in [({"probe_tokens": 0}, "probe_tokens"), ({"bound": 0.0}, "positive"),
+                       ({"calibration_factor": 0.5}, "calibration_factor"), ({"max_move_residual": 1.0}, "between")]:
+        with pytest.raises(ValueError, match=field):
+            PushCheck(**bad)
+
+
+def half(state: dict) -> dict:
+    """The first half of the learner's parameters by name: a push that sent (or loaded) half."""
+    names = sorted(state)
+    return {k: state[k] for k in names[: len(names) // 2]}
 
 
 async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smollm2, monkeypatch):
-    """fp32 learner, hf engine on its own weights: after an update (lr 1e-2) and its push the figure is 0 (the same
-    kernels); then the engine's load does nothing, and the next push is caught, naming the causes."""
+    """fp32 learner, hf engine on its own weights: calibrated at 0 (the same kernels), so the bound is 1e-3; after an
+    update (lr 1e-2) and its push the figure is 0 and the engine made the learner's whole move; then the engine's
+    load does nothing, and the next push is caught by the gap, naming the causes."""
     model = learner(tiny_smollm2, lr=1e-2)
     fmt = ChatFormat(model.tokenizer, "markdown")
     engine = HFEngine(tiny_smollm2, context_length=2048)
     assert engine.compute_dtype == model.compute_dtype == "fp32"
+    checker = PushChecker(CHECK, fmt)
+    calibration = await checker.calibrate(engine, model)
+    assert calibration["push_probe_calibration_max_abs_diff"] == 0.0 and calibration["push_probe_bound"] == FP32_BOUND
     train(model, fmt)
     await Chunked().push(model, engine)
-    figures = await check_push(CHECK, fmt, engine, model, 1)
+    figures = await checker.check(engine, model, 1)
     assert figures["push_probe_max_abs_diff"] < 1e-5 and figures["push_probe_mean_abs_diff"] <= 1e-5
+    assert figures["push_probe_move_decided"] == 1.0 and figures["push_probe_move_share"] == pytest.approx(1, abs=1e-3)
     print(f"fp32 learner -> hf engine of its own, a real push: {figures}")  # docs/results.md (pytest -s)
 
     async def nothing(state_dict):  # a push that silently does nothing
@@ -74,32 +88,65 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     monkeypatch.setattr(engine, "load_weights", nothing)
     train(model, fmt)
     await Chunked().push(model, engine)
-    with pytest.raises(PushCheckError, match=r"after update 2 .* over the bound 0\.001 \(from the dtypes: engine "
-                                             r"fp32, learner fp32\)") as caught:
-        await check_push(CHECK, fmt, engine, model, 2)
-    print(f"a push that skipped the weights: {str(caught.value).split(':')[1].split(', over')[0]}")
-    for cause in ("did not reach the engine", "failed or skipped load", "names the engine does not load",
-                  "LoRA adapter not merged", "dtype or precision", "different models or tokenizers",
-                  "push_check.bound"):
-        assert cause in str(caught.value)
+    with pytest.raises(PushCheckError, match=r"after update 2 .* over the bound 0\.001 \(3 x the calibrated gap\)"):
+        await checker.check(engine, model, 2)
 
     shared = HFEngine(tiny_smollm2, context_length=2048, model=model.model, tokenizer=model.tokenizer)
     await Shared().push(model, shared)  # the hf engine on the learner's own model: no push, the check holds trivially
-    assert (await check_push(CHECK, fmt, shared, model, 2))["push_probe_max_abs_diff"] == 0.0
+    assert (await check_uncalibrated(fmt, shared, model, 2))["push_probe_max_abs_diff"] == 0.0
 
 
-async def test_a_persistently_stale_engine_is_caught_within_steps(tiny_smollm2):
-    """The blind spot, at the paper's lr 1e-6 in fp32: one update moves the probe by ~5e-4, so one skipped push
-    passes; the engine that never gets the weights drifts, and the third skipped push fails."""
+async def check_uncalibrated(fmt: ChatFormat, engine, model, step: int) -> dict:
+    return await PushChecker(CHECK, fmt).check(engine, model, step)
+
+
+async def test_a_no_op_a_half_and_a_healthy_push_are_told_apart_at_that_push(tiny_smollm2):
+    """At the paper's lr 1e-6 in fp32 one update moves the probe by less than the gap bound, so the gap alone passes
+    a push that loaded nothing. The move tells them apart at that push: healthy (the engine made ~100% of the
+    learner's move), half (half the parameters: part of it), nothing (0%), each under the gap bound."""
     model = learner(tiny_smollm2, lr=1e-6)
     fmt = ChatFormat(model.tokenizer, "markdown")
     engine = HFEngine(tiny_smollm2, context_length=2048)
-    seen = []
-    with pytest.raises(PushCheckError):
-        for step in range(1, 6):
-            train(model, fmt)  # and no push
-            seen.append((await check_push(CHECK, fmt, engine, model, step))["push_probe_max_abs_diff"])
-    assert 0 < seen[0] < FP32_BOUND and len(seen) == 2 and seen[1] > seen[0]  # caught at the third update
+    checker = PushChecker(CHECK, fmt)
+    await checker.calibrate(engine, model)
+    seen = {}
+
+    train(model, fmt)
+    await engine.load_weights(model.full_state_dict())
+    healthy = await checker.check(engine, model, 1)
+    assert healthy["push_probe_move_decided"] == 1.0 and healthy["push_probe_move_residual"] < 1e-2
+    seen["healthy"] = healthy["push_probe_move_share"]
+
+    train(model, fmt)
+    await engine.load_weights(half(model.full_state_dict()))
+    assert 0 < await gap(checker, engine, model) < FP32_BOUND  # the gap alone would pass it
+    with pytest.raises(PushCheckError, match=r"after update 2 loaded part of the weights .* made (\d+)% of that move"
+                       ) as caught:
+        await checker.check(engine, model, 2)
+    seen["half"] = str(caught.value)
+    await engine.load_weights(model.full_state_dict())  # the retry pushes it all: the anchor held, the move checks out
+    assert (await checker.check(engine, model, 2))["push_probe_move_share"] == pytest.approx(1, abs=1e-2)
+
+    train(model, fmt)  # and no push
+    assert 0 < await gap(checker, engine, model) < FP32_BOUND
+    with pytest.raises(PushCheckError, match=r"after update 3 loaded nothing: .* made 0% of that move"):
+        await checker.check(engine, model, 3)
+    print(f"lr 1e-6, fp32: healthy share {seen['healthy']:.4f}; half: {re.search('made .*? move', seen['half'])[0]}")
+
+
+async def gap(checker: PushChecker, engine, model) -> float:
+    now = await checker.scores(engine, model)
+    return max(abs(a - b) for a, b in zip(now.replicas[0], now.learner, strict=True))
+
+
+async def test_engine_and_learner_on_other_weights_are_refused_at_the_calibration(tiny_smollm2):
+    """Before any update the two sides must hold the same model: an engine on other weights (the learner trained
+    hard on the probe first, as a wrong checkpoint would be) is refused at once, naming what to check."""
+    model = learner(tiny_smollm2, lr=1e-2)
+    fmt = ChatFormat(model.tokenizer, "markdown")
+    train(model, fmt, steps=5)
+    with pytest.raises(PushCheckError, match="before any update.* do not hold the same model"):
+        await PushChecker(CHECK, fmt).calibrate(HFEngine(tiny_smollm2, context_length=2048), model)
 
 
 async def test_a_pool_checks_every_replica_and_names_the_stale_one(tiny_smollm2):
@@ -109,14 +156,16 @@ async def test_a_pool_checks_every_replica_and_names_the_stale_one(tiny_smollm2)
     fmt = ChatFormat(model.tokenizer, "markdown")
     fresh, stale = HFEngine(tiny_smollm2, context_length=2048), HFEngine(tiny_smollm2, context_length=2048)
     pool = ReplicaPool([fresh, stale], "static")
+    checker = PushChecker(CHECK, fmt)
+    await checker.calibrate(pool, model)
     train(model, fmt)
     await fresh.load_weights(model.full_state_dict())  # the push reached replica 0 only
     ids, start = probe_ids(fmt, CHECK.probe_tokens)
     assert len(await pool.score_each(ids, start)) == 2 and pool.compute_dtype == "fp32"
     with pytest.raises(PushCheckError, match="on replica 1 of 2"):
-        await check_push(CHECK, fmt, pool, model, 1)
+        await checker.check(pool, model, 1)
     await pool.load_weights(model.full_state_dict())
-    assert (await check_push(CHECK, fmt, pool, model, 1))["push_probe_max_abs_diff"] < 1e-5
+    assert (await checker.check(pool, model, 1))["push_probe_max_abs_diff"] < 1e-5
 
 
 async def test_an_engine_that_cannot_score_is_skipped_with_one_warning(tiny_smollm2, caplog):
@@ -129,14 +178,17 @@ async def test_an_engine_that_cannot_score_is_skipped_with_one_warning(tiny_smol
     remote = OpenAIEngine("http://127.0.0.1:9", tokenizer=model.tokenizer, context_length=2048)
     try:
         with caplog.at_level(logging.WARNING, logger="rstar2_agent.train.push_check"):
-            assert await check_push(CHECK, fmt, remote, model, 1) == {}
-            assert await check_push(CHECK, fmt, remote, model, 2) == {}
+            checker = PushChecker(CHECK, fmt)
+            assert await checker.calibrate(remote, model) == {}
+            assert await checker.check(remote, model, 1) == {}
     finally:
         await remote.close()
     assert [r.message for r in caplog.records].count(
         "the openai rollout engine cannot score a sequence (a remote server): weight pushes are not checked, and no "
         "push_probe figure is recorded") == 1
-    assert await check_push(PushCheck(enabled=False), fmt, HFEngine(tiny_smollm2, context_length=2048), model, 1) == {}
+    off = PushChecker(PushCheck(enabled=False), fmt)
+    engine = HFEngine(tiny_smollm2, context_length=2048)
+    assert await off.calibrate(engine, model) == {} and await off.check(engine, model, 1) == {}
 
 
 @pytest.mark.slow
@@ -149,9 +201,15 @@ async def test_vllm_scores_the_probe_as_the_learner_after_a_real_push(vllm_engin
     fmt = ChatFormat(model.tokenizer, "markdown")
     assert vllm_engine.compute_dtype == "bf16"
     await Chunked().push(model, vllm_engine)
-    figures = await check_push(CHECK, fmt, vllm_engine, model, 1)
-    assert 1e-3 < figures["push_probe_max_abs_diff"] < 0.5 and figures["push_probe_mean_abs_diff"] < 0.1
-    print(f"fp32 learner -> vLLM (bf16), SmolLM2-135M: {figures}")  # docs/results.md (pytest -s)
+    checker = PushChecker(CHECK, fmt)
+    calibration = await checker.calibrate(vllm_engine, model)
+    assert 1e-3 < calibration["push_probe_calibration_max_abs_diff"] < 0.5
+    assert calibration["push_probe_bound"] == pytest.approx(3 * calibration["push_probe_calibration_max_abs_diff"])
+    await Chunked().push(model, vllm_engine)
+    figures = await checker.check(vllm_engine, model, 1)
+    assert 1e-3 < figures["push_probe_max_abs_diff"] < calibration["push_probe_bound"]
+    assert figures["push_probe_mean_abs_diff"] < 0.1 and figures["push_probe_move_decided"] == 0.0  # nothing moved
+    print(f"fp32 learner -> vLLM (bf16), SmolLM2-135M: {calibration} {figures}")  # docs/results.md (pytest -s)
     ids, start = probe_ids(fmt, CHECK.probe_tokens)
     assert len(await vllm_engine.score(ids, start)) == CHECK.probe_tokens
 
@@ -174,5 +232,6 @@ async def test_a_real_rl_step_records_the_probe_figure(tmp_path, tiny_smollm2):
         metrics = await run.learn(batch, None, None)
     finally:
         await run.close()
+    assert run.calibration["push_probe_calibration_max_abs_diff"] == 0.0 and run.calibration["push_probe_bound"] == 1e-3
     assert metrics["update_tokens"] > 0 and metrics["push_probe_max_abs_diff"] == 0.0
     assert metrics["push_probe_s"] >= 0 and cfg.push_check == PushCheck()

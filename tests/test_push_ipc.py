@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rstar2_agent import processes
 from rstar2_agent.bench import cuda_ipc_on_cpu
@@ -117,29 +118,49 @@ class RecordingClient:
         return 0
 
 
+class GatheredDtypes(TorchDispatchMode):
+    """Records the dtype of every all-gather of a parameter shard (the functional collective FSDP2's
+    `full_tensor()` runs), by dtype: {dtype: elements}."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "all_gather_into_tensor" in str(func) and isinstance(args[0], torch.Tensor):
+            name = str(args[0].dtype).removeprefix("torch.")
+            self.seen[name] = self.seen.get(name, 0) + args[0].numel()
+        return func(*args, **(kwargs or {}))
+
+
 def _rank(rank: int, port: int, path: str, guarded: bool, out) -> None:
     import datetime
 
     from transformers import AutoModelForCausalLM
 
+    from rstar2_agent.train.learner.model import shard
     from rstar2_agent.train.push.vllm import Guard, GuardedClient, ipc_trainer, send, source
 
     cuda_ipc_on_cpu.install()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                          timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if guarded:  # the learner's FSDP2 (fp32 master shards): the source casts each shard, then gathers
+        shard(model, bf16=False)
     inner = RecordingClient(fail=rank == 0)
     t0 = time.perf_counter()
+    gathered = GatheredDtypes()
     try:
         if guarded:
             guard = Guard("ipc", rank)
-            send(ipc_trainer(GuardedClient(inner, guard), source(model, None, guard=guard), rank, RANKS_BUFFER_MB),
-                 guard, inner.abort)
+            with gathered:
+                send(ipc_trainer(GuardedClient(inner, guard), source(model, torch.bfloat16, guard=guard), rank,
+                                 RANKS_BUFFER_MB), guard, inner.abort)
         else:  # vLLM's trainer engine driven as before this push layer
             ipc_trainer(inner, source(model, None), rank, RANKS_BUFFER_MB).send_weights()
-        out.put((rank, "ok", time.perf_counter() - t0, ""))
+        out.put((rank, "ok", time.perf_counter() - t0, "", gathered.seen))
     except Exception as e:  # noqa: BLE001
-        out.put((rank, type(e).__name__, time.perf_counter() - t0, str(e)[:300]))
+        out.put((rank, type(e).__name__, time.perf_counter() - t0, str(e)[:300], gathered.seen))
     finally:
         cuda_ipc_on_cpu.ipc_collect()
         out.close()
@@ -175,6 +196,8 @@ def test_a_rank_0_failure_releases_every_rank_within_seconds(tiny_smollm2):
     seconds; driven as before, rank 1 waits in vLLM's post-chunk barrier for the whole group timeout."""
     results = two_ranks(tiny_smollm2, guarded=True)
     assert {r: results[r][0] for r in (0, 1)} == {0: "PushError", 1: "PushError"}, results
+    for r in (0, 1):  # FSDP2's gathers of the push moved bf16 shards only (cast before the gather: half the bytes)
+        assert set(results[r][3]) == {"bfloat16"} and results[r][3]["bfloat16"] > 0, results[r][3]
     assert all(results[r][1] < GROUP_TIMEOUT_S / 2 for r in (0, 1)), results
     print(f"guarded: rank 0 {results[0][1]:.2f} s, rank 1 {results[1][1]:.2f} s")  # docs/results.md (pytest -s)
     assert "update (chunk 1)" in results[0][2] and "rank 0" in results[0][2]

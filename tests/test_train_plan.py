@@ -276,3 +276,19 @@ def test_the_one_node_recipes_chain_from_their_sft_and_keep_the_papers_algorithm
         assert not algorithm, algorithm
     assert [(s.max_turns, s.filter_solved, s.reset_optimizer) for s in rl_cfg.stages] == [
         (10, 0, False), (10, 0, False), (15, 8, True)]
+
+
+def test_the_plan_sizes_vllms_share_from_the_gpu_it_runs_on_as_vllm_does(monkeypatch):
+    """vLLM takes gpu_memory_utilization of the device's real total: on an 80 GB H100 (79.1 GiB reported, substituted
+    here: no GPU on this machine) the plan sizes vLLM's share from 79.1, not from the recipe's 74.5."""
+    from rstar2_agent import devices
+
+    h100 = 85_017_853_952  # what torch reports for an H100 80GB HBM3
+    monkeypatch.setattr(devices, "gpu_memory_bytes", lambda: h100)
+    cfg = one_node(RL_1GPU)
+    assert cfg.gpu_memory_gib == GPU_80GB
+    plan = check_before_run(cfg, "rl")
+    util = cfg.engine_options.get("gpu_memory_utilization", 0.85)
+    rollout = next(g for g in plan.gpus if "vllm_gpu_memory_utilization" in g.parts)
+    assert rollout.capacity_gib == pytest.approx(h100 / 2**30)
+    assert rollout.parts["vllm_gpu_memory_utilization"] == pytest.approx(util * h100 / 2**30)

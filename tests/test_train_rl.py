@@ -154,7 +154,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     from rstar2_agent.train.learner.ray_group import RayConfig
     from rstar2_agent.train.learner.update import UpdateItem, policy_update
     from rstar2_agent.train.loss import grpo_advantages
-    from rstar2_agent.train.push_check import check_push
+    from rstar2_agent.train.push_check import PushChecker
 
     optim = OptimConfig(lr=1e-4, warmup_steps=0, schedule="constant")
     # the ranks pack their token-balanced shares, the head in chunks, every layer checkpointed; the reference below
@@ -184,7 +184,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
         await run.colocation.wake()
         assert run.colocation.calls == ["sleep(1)", "release", "wake(weights)", "push", "release",
                                          "wake(kv_cache)"]
-        probe = await check_push(run.cfg.push_check, run.fmt, rollouts.engine, run.learner, run.learner.step)
+        probe = await PushChecker(run.cfg.push_check, run.fmt).check(rollouts.engine, run.learner, run.learner.step)
         assert probe["push_probe_max_abs_diff"] < 1e-3  # every replica scored the pushed weights as the FSDP ranks do
         checkpoint = run.save(1, 0)
         assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]

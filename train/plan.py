@@ -584,7 +584,9 @@ def check_before_run(cfg: Any, kind: str, recipe: str = "") -> Plan | None:
     where the learner is on a GPU: `distributed: ray` with gpus_per_learner > 0, or a process on a machine with a
     GPU (SFT under torchrun included); a CPU run is not checked (`rstar2 train plan` shows its plan against the
     host's memory). Off with memory_check: false. The GPUs' memory: the recipe's gpu_memory_gib, else this
-    machine's GPU; unknown (a Ray driver without a GPU): a warning, no check."""
+    machine's GPU; unknown (a Ray driver without a GPU): a warning, no check. A GPU visible here wins over the
+    recipe's figure: vLLM takes `gpu_memory_utilization` of the device's real total (an 80 GB H100 reports 79.1
+    GiB, not the recipe's 74.5), so the plan sizes vLLM's share as vLLM will."""
     from .plan_colocated import _node_host_memory
 
     if not getattr(cfg, "memory_check", True):
@@ -592,7 +594,11 @@ def check_before_run(cfg: Any, kind: str, recipe: str = "") -> Plan | None:
     ray = getattr(cfg, "distributed", "none") == "ray"
     if ray and cfg.ray.gpus_per_learner <= 0:
         return None
-    memory = getattr(cfg, "gpu_memory_gib", 0) or gpu_memory_here()
+    here, given = gpu_memory_here(), getattr(cfg, "gpu_memory_gib", 0)
+    if here and given and abs(here - given) > 0.02 * here:
+        log.info("memory plan: this GPU has %.1f GiB, the recipe says gpu_memory_gib %.1f: planning with the device's "
+                 "own total, as vLLM sizes its share from it", here, given)
+    memory = here or given or None
     if memory is None:
         if ray:
             log.warning("the memory plan cannot check this recipe: the GPUs' memory is unknown here (set "

@@ -21,34 +21,32 @@ nothing pushes nothing and records no figure). The hf engine on the learner's ow
 path holds. An engine that cannot score (a remote OpenAI-compatible server) is not checked: one warning, and no
 figure recorded.
 
-The bound (`auto_bound`, or the recipe's `push_check.bound`): the scores of two correct copies of the same weights
-differ by their numerics only.
-- fp32 on both sides: `FP32_BOUND` = 1e-3. Measured on CPU (SmolLM2-135M and its 2-layer variant): exactly 0, for
-  the hf engine on the learner's own model and on its own fp32 copy alike (the same kernels). Other fp32 kernel
-  paths differ by float rounding: the hf engine's KV-cached decoding against the learner's forward is ~2e-6 a token
-  on average (test_train_rl.py); reasoned, a GPU engine's fp32 kernels likewise stay orders of magnitude under
-  1e-3. 1e-3 is far above that and still below what one update moves (below).
-- bf16 on either side (vLLM's default on a GPU and on this CPU; a learner whose matmuls run in bf16, under
-  autocast or FSDP's mixed precision): `BF16_BOUND` = 1.0. Measured on CPU with SmolLM2-135M (30 layers, 49K-word
-  head): an fp32 learner against vLLM in bf16, max 0.18-0.21 over a 64-token probe (mean 0.03), 0.28 over 256; a
-  bf16 learner against vLLM in bf16, max 0.23-0.33 over 64 tokens, 0.45 over 256. Reasoned, for the paper's
-  Qwen3-14B (40 layers, a 152K-word head): bf16 keeps 8 bits of mantissa, so a logit of magnitude 20-30 carries
-  ~0.1 of rounding before any accumulation through the layers, and the engine's and the learner's kernels round
-  differently (the "training-inference mismatch" verl measures); the max over the probe's tokens is the tail of
-  that spread, and is not smaller on a deeper model with a larger head. So the bound is twice the largest gap
-  measured here. A push that did not happen after real training, a wrong model or tokenizer, or random layers
-  move logprobs by whole units, and are caught. fp16 and unknown dtypes (a quantized engine) take the bf16 bound.
+Calibration (`PushChecker.calibrate`, at the start of every run and every resume, before any update): the engine
+and the learner hold the same weights, so their scores differ by numerics only. That gap, recorded as
+`push_probe_calibration_max_abs_diff` in the run's first step, sets the bound: `calibration_factor` (3) times it,
+never under FP32_BOUND = 1e-3 (`calibrated_bound`; the recipe's `push_check.bound` overrides it). A mean gap over
+MISMATCH_MEAN (0.5 nat) stops the run at once: the two sides do not hold the same model (bf16 numerics are ~0.03 on
+average; another model, tokenizer or checkpoint is off by whole units). So the bound is measured on the run's own
+hardware, kernels and dtypes, not on a CPU build. Measured on CPU: 0 in fp32 on the same kernels; SmolLM2-135M
+against vLLM in bf16, max 0.18-0.21 over a 64-token probe (mean 0.03), bound 0.55-0.63. An uncalibrated check (an
+engine given after updates) falls back to the dtypes' constants (`auto_bound`: 1e-3 in fp32, 1.0 in bf16).
 
-Blind spot: a stale engine differs from the learner by what the updates it missed moved, and at the paper's rate
-that is small. Measured on CPU (fp32, an update on other text than the probe): one update at lr 1e-6 moves the
-probe's logprobs by up to 0.013 on SmolLM2-135M (mean 0.001), 2.5e-4 on its 2-layer variant, and the drift grows
-about linearly with the updates missed. That is below bf16 noise, so in bf16 a single push that did nothing
-passes, and a persistently stale engine is caught only once its drift reaches the bound (here tens of updates).
-In fp32 the bound is 1e-3: SmolLM2 is caught at the first skipped push; the 2-layer model, trained on the probe
-itself, at the third (`test_a_persistently_stale_engine_is_caught_within_steps`: the first skipped push passes).
-The figure is recorded at every push, so a steady climb of `push_probe_max_abs_diff` (and of its mean) over the
-steps shows a drift long before the bound. Raise the bound for an engine with other numerics (fp8, int4) or turn
-the check off: `push_check: {bound: 2.0}`, `push_check: {enabled: false}`.
+The gap alone cannot see a push that did nothing: one update at the paper's lr 1e-6 moves the probe's logprobs by
+up to 0.013 on SmolLM2-135M, far under bf16 noise. So each check also compares moves (`PushChecker.check_move`):
+since the anchor (the calibration, then the last decisive check) the learner's scores moved by some vector; the
+engine's must have moved by the same vector, missing at most `max_move_residual` (0.25) of it in relative L2. A
+push that loaded nothing makes 0% of the move; measured in fp32 on the 2-layer model at lr 1e-6: a healthy push
+misses 0%, one that loaded the first half of the parameters by name 38% (it made 63%), one that loaded only the
+last layer 70%. The move is decided only once it is decisive: its L2 size at least MOVE_NOISE (8) times the
+calibrated gap's L2 size (the numerics offset between engine and learner may change as the weights change, by about
+sqrt(2) times the gap when the rounding decorrelates, so a healthy push then misses under 18%) and at least
+MOVE_FLOOR (1e-4); until then the anchor stays and the
+move accumulates over pushes (`push_probe_move_decided` 0). In fp32 that is one update at lr 1e-6 on the 2-layer
+model: a no-op or half push is caught at that push. In bf16 an engine's weights are the learner's rounded to 8
+bits of mantissa: a move smaller than the rounding cannot reach the engine at all, so the check decides once the
+learner's accumulated move outgrows bf16 noise (many steps at lr 1e-6); a persistently stale engine is then caught
+by the move, long before its drift would pass the gap bound. Raise the bound for an engine with other numerics (fp8,
+int4) or turn the check off: `push_check: {bound: 2.0}`, `push_check: {enabled: false}`.
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +66,9 @@ log = logging.getLogger(__name__)
 
 FP32_BOUND = 1e-3
 BF16_BOUND = 1.0
+MISMATCH_MEAN = 0.5
+MOVE_NOISE = 8.0
+MOVE_FLOOR = 1e-4
 PROBE_PROBLEM = "Find the sum of all positive integers n such that n + 2 divides n^2 + 12."
 PROBE_RESPONSE = (
     "We need every positive integer n for which n + 2 divides n^2 + 12. Since n^2 + 12 = (n + 2)(n - 2) + 16, "
@@ -79,19 +81,28 @@ PROBE_RESPONSE = (
 
 @dataclass
 class PushCheck:
-    """The recipe's `push_check`: on (`enabled`), the bound on the largest per-token logprob difference (None: from
-    the engine's and the learner's dtypes, `auto_bound`), and the probe's scored tokens."""
+    """The recipe's `push_check`: on (`enabled`); the bound on the largest per-token logprob difference (None:
+    `calibration_factor` times the run's own calibrated gap, `calibrated_bound`); the probe's scored tokens; the
+    largest `max_move_residual` of the learner's move the engine may miss once the move is decisive."""
     enabled: bool = True
     bound: float | None = None
     probe_tokens: int = 64
+    calibration_factor: float = 3.0
+    max_move_residual: float = 0.25
 
     def __post_init__(self) -> None:
         if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
             raise ValueError(f"push_check.probe_tokens is the number of probe tokens scored, at least 1, not "
                              f"{self.probe_tokens!r}")
         if self.bound is not None and not self.bound > 0:
-            raise ValueError(f"push_check.bound is a positive logprob difference (null: from the dtypes), not "
+            raise ValueError(f"push_check.bound is a positive logprob difference (null: calibrated), not "
                              f"{self.bound!r}")
+        if not self.calibration_factor >= 1:
+            raise ValueError(f"push_check.calibration_factor multiplies the calibrated gap, at least 1, not "
+                             f"{self.calibration_factor!r}")
+        if not 0 < self.max_move_residual < 1:
+            raise ValueError(f"push_check.max_move_residual is the share of the learner's move the engine may "
+                             f"miss, between 0 and 1, not {self.max_move_residual!r}")
 
 
 class PushCheckError(RuntimeError):
@@ -100,8 +111,14 @@ class PushCheckError(RuntimeError):
 
 def auto_bound(engine_dtype: str | None, learner_dtype: str | None) -> float:
     """FP32_BOUND when both sides compute in fp32, else BF16_BOUND (bf16 or fp16 on either side, or a side whose
-    dtype is unknown). See the module docstring for what is measured and what is reasoned."""
+    dtype is unknown): the bound of a check that was not calibrated. See the module docstring."""
     return FP32_BOUND if engine_dtype == learner_dtype == "fp32" else BF16_BOUND
+
+
+def calibrated_bound(gap: float, factor: float) -> float:
+    """The gap bound from the run's own calibration: `factor` times the largest gap of two copies of the same
+    weights, never under FP32_BOUND (fp32 on the same kernels calibrates at exactly 0)."""
+    return max(factor * gap, FP32_BOUND)
 
 
 def probe_ids(fmt: ChatFormat, tokens: int) -> tuple[list[int], int]:
@@ -120,45 +137,156 @@ def abs_diffs(engine: list[float], learner: list[float]) -> list[float]:
     return [abs(a - b) for a, b in zip(engine, learner, strict=True)]
 
 
+def norm(xs: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs))
+
+
+@dataclass
+class Move:
+    """One replica's move since the anchor against the learner's: `share` of the learner's move the engine made
+    (its projection, 1 healthy, 0 a push that loaded nothing) and `residual`, what it missed (relative L2)."""
+    share: float
+    residual: float
+
+
+def move(engine_now: list[float], engine_then: list[float], learner_now: list[float], learner_then: list[float]
+         ) -> Move:
+    em = [a - b for a, b in zip(engine_now, engine_then, strict=True)]
+    lm = [a - b for a, b in zip(learner_now, learner_then, strict=True)]
+    size = sum(x * x for x in lm)
+    return Move(sum(a * b for a, b in zip(em, lm, strict=True)) / size,
+                norm([a - b for a, b in zip(em, lm, strict=True)]) / math.sqrt(size))
+
+
 @functools.cache
 def _warn_cannot_score(engine_name: str) -> None:
     log.warning("the %s rollout engine cannot score a sequence (a remote server): weight pushes are not checked, "
                 "and no push_probe figure is recorded", engine_name)
 
 
-async def check_push(cfg: PushCheck, fmt: ChatFormat, engine: Engine, learner: Any, step: int
-                     ) -> dict[str, float]:
-    """Score the probe on every copy of the engine's weights and on the learner; the figures for the step's
-    metrics, or {} when the check is off or the engine cannot score. Raises PushCheckError past the bound."""
-    if not cfg.enabled:
-        return {}
-    t0 = time.perf_counter()
-    ids, start = probe_ids(fmt, cfg.probe_tokens)
-    try:
-        replicas = await engine.score_each(ids, start)
-    except NotImplementedError:
-        _warn_cannot_score(getattr(engine, "name", type(engine).__name__))
-        return {}
-    theirs = await asyncio.to_thread(learner.score, ids, start)
-    diffs = [abs_diffs(scores, theirs) for scores in replicas]
-    worst = max(max(d) for d in diffs)
-    engine_dtype, learner_dtype = getattr(engine, "compute_dtype", None), getattr(learner, "compute_dtype", None)
-    bound = cfg.bound if cfg.bound is not None else auto_bound(engine_dtype, learner_dtype)
-    if worst > bound:
-        raise PushCheckError(failure(step, [max(d) for d in diffs], bound, cfg.bound is None, engine_dtype,
-                                     learner_dtype, len(theirs)))
-    return {"push_probe_max_abs_diff": worst, "push_probe_mean_abs_diff": max(sum(d) / len(d) for d in diffs),
-            "push_probe_s": time.perf_counter() - t0}
+@dataclass
+class Scores:
+    """The probe's scores on every replica of the engine and on the learner, at one moment."""
+    replicas: list[list[float]]
+    learner: list[float]
 
 
-def failure(step: int, per_replica: list[float], bound: float, auto: bool, engine_dtype: str | None,
-            learner_dtype: str | None, tokens: int) -> str:
+class PushChecker:
+    """The check across a run: `calibrate` once before any update (the engine and the learner hold the same
+    weights), then `check` after every push. Two tests per push:
+    - the gap: the largest |engine - learner| over the probe within the bound (the recipe's, or calibrated);
+    - the move: once the learner's scores moved decisively since the anchor (the calibration, then the last
+      decisive check), the engine's scores must have made that move too: it misses at most `max_move_residual`
+      of it (relative L2). A push that loaded nothing misses all of it, one that loaded half, about half.
+    The move is decisive when its L2 size is MOVE_NOISE times the calibrated gap's (the numerics' offset between
+    engine and learner may change as the weights do, by up to about the gap itself), and at least MOVE_FLOOR."""
+
+    def __init__(self, cfg: PushCheck, fmt: ChatFormat):
+        self.cfg = cfg
+        self.ids, self.start = probe_ids(fmt, cfg.probe_tokens)
+        self.bound: float | None = cfg.bound
+        self.anchor: Scores | None = None
+        self.noise = 0.0
+
+    async def scores(self, engine: Engine, learner: Any) -> Scores | None:
+        try:
+            replicas = await engine.score_each(self.ids, self.start)
+        except NotImplementedError:
+            _warn_cannot_score(getattr(engine, "name", type(engine).__name__))
+            return None
+        theirs = await asyncio.to_thread(learner.score, self.ids, self.start)
+        for scores in replicas:
+            abs_diffs(scores, theirs)
+        return Scores(replicas, theirs)
+
+    async def calibrate(self, engine: Engine, learner: Any) -> dict[str, float]:
+        """Before any update: the gap of two copies of the same weights sets the bound (unless the recipe gives
+        one) and the move's noise. Raises PushCheckError when they are not the same weights (a mean gap over
+        MISMATCH_MEAN: another model, tokenizer or checkpoint)."""
+        if not self.cfg.enabled:
+            return {}
+        t0 = time.perf_counter()
+        now = await self.scores(engine, learner)
+        if now is None:
+            return {}
+        diffs = [abs_diffs(r, now.learner) for r in now.replicas]
+        worst, mean = max(max(d) for d in diffs), max(sum(d) / len(d) for d in diffs)
+        if mean > MISMATCH_MEAN:
+            raise PushCheckError(
+                f"before any update, the rollout engine's logprobs of the fixed probe differ from the learner's by "
+                f"{mean:.3g} per token on average (over {MISMATCH_MEAN}; two copies of the same weights differ by "
+                "their numerics only, 0.03 in bf16): the engine and the learner do not hold the same model. Check "
+                "that both load the same model path or checkpoint, with the same tokenizer and chat format")
+        self.anchor = now
+        self.noise = max(norm(d) for d in diffs)
+        if self.cfg.bound is None:
+            self.bound = calibrated_bound(worst, self.cfg.calibration_factor)
+        return {"push_probe_calibration_max_abs_diff": worst, "push_probe_calibration_mean_abs_diff": mean,
+                "push_probe_bound": self.bound, "push_probe_calibration_s": time.perf_counter() - t0}
+
+    async def check(self, engine: Engine, learner: Any, step: int) -> dict[str, float]:
+        """Score the probe after the push of update `step`; the figures for the step's metrics ({} when the check
+        is off or the engine cannot score). Raises PushCheckError past the bound or on a missed move."""
+        if not self.cfg.enabled:
+            return {}
+        t0 = time.perf_counter()
+        now = await self.scores(engine, learner)
+        if now is None:
+            return {}
+        diffs = [abs_diffs(r, now.learner) for r in now.replicas]
+        per_replica = [max(d) for d in diffs]
+        engine_dtype, learner_dtype = getattr(engine, "compute_dtype", None), getattr(learner, "compute_dtype", None)
+        bound = self.bound if self.bound is not None else auto_bound(engine_dtype, learner_dtype)
+        if max(per_replica) > bound:
+            how = ("push_check.bound" if self.cfg.bound is not None else
+                   f"{self.cfg.calibration_factor:g} x the calibrated gap" if self.anchor is not None else
+                   f"from the dtypes: engine {engine_dtype or 'unknown'}, learner {learner_dtype or 'unknown'}")
+            raise PushCheckError(failure(step, per_replica, bound, how, len(now.learner)))
+        figures = {"push_probe_max_abs_diff": max(per_replica),
+                   "push_probe_mean_abs_diff": max(sum(d) / len(d) for d in diffs)}
+        if self.anchor is not None:
+            figures |= self.check_move(now, step)
+        return figures | {"push_probe_s": time.perf_counter() - t0}
+
+    def check_move(self, now: Scores, step: int) -> dict[str, float]:
+        anchor = self.anchor
+        assert anchor is not None
+        size = norm([a - b for a, b in zip(now.learner, anchor.learner, strict=True)])
+        if size < max(MOVE_NOISE * self.noise, MOVE_FLOOR):
+            return {"push_probe_move_decided": 0.0, "push_probe_learner_move": size}
+        if len(anchor.replicas) != len(now.replicas):
+            raise PushCheckError(f"the rollout engine scored the probe on {len(now.replicas)} replicas after the "
+                                 f"push of update {step}, {len(anchor.replicas)} before")
+        moves = [move(e, a, now.learner, anchor.learner) for e, a in zip(now.replicas, anchor.replicas, strict=True)]
+        worst = max(range(len(moves)), key=lambda i: moves[i].residual)
+        if moves[worst].residual > self.cfg.max_move_residual:
+            raise PushCheckError(missed_move(step, moves, worst, size, self.cfg.max_move_residual))
+        self.anchor = now
+        return {"push_probe_move_decided": 1.0, "push_probe_learner_move": size,
+                "push_probe_move_share": min(m.share for m in moves),
+                "push_probe_move_residual": moves[worst].residual}
+
+
+def missed_move(step: int, moves: list[Move], worst: int, size: float, limit: float) -> str:
+    """The error of a push whose engine did not follow the learner's move."""
+    m = moves[worst]
+    what = ("loaded nothing" if m.share < 0.1 else
+            "loaded part of the weights (a half push: some names not sent or not loaded)" if m.share < 1 - limit
+            else "loaded weights other than the learner's")
+    where = f" (replica {worst} of {len(moves)})" if len(moves) > 1 else ""
+    return (f"the weight push after update {step} {what}{where}: since the last checked push the learner's "
+            f"logprobs of the fixed probe moved by {size:.3g} (L2), and the rollout engine's made {m.share:.0%} of "
+            f"that move, missing {m.residual:.0%} of it (the limit, push_check.max_move_residual, is {limit:.0%}). "
+            "The rollouts would sample from another policy than the one trained. What to do: read the push's log "
+            "lines for weights not sent or not loaded (a wrapper's prefix, a renamed module, an unmerged LoRA "
+            "adapter, a filter on the names), and check that the learner sends every parameter")
+
+
+def failure(step: int, per_replica: list[float], bound: float, how: str, tokens: int) -> str:
     """The error of a failed check: what was measured, the likely causes, and what to do."""
     over = [str(i) for i, d in enumerate(per_replica) if d > bound]
     where = (f" on replica{'s' if len(over) > 1 else ''} {', '.join(over)} of {len(per_replica)}"
              if len(per_replica) > 1 else "")
-    how = (f"from the dtypes: engine {engine_dtype or 'unknown'}, learner {learner_dtype or 'unknown'}" if auto
-           else "push_check.bound")
     return (f"the weight push after update {step} did not check out: the rollout engine's logprobs of the fixed "
             f"probe ({tokens} tokens) differ from the learner's by up to {max(per_replica):.4g} per token{where}, "
             f"over the bound {bound:.4g} ({how}). The rollouts would sample from another policy than the one "

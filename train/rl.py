@@ -42,7 +42,7 @@ from .learner.ray_group import RayConfig
 from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
 from .loss import grpo_advantages
 from .push import choose, make_push
-from .push_check import PushCheck, check_push
+from .push_check import PushCheck, PushChecker
 from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .run_frame import RunFrame, resume_from, save_checkpoint
@@ -255,6 +255,8 @@ class RLRun:
         self.fmt = ChatFormat(self.learner.tokenizer, cfg.format, self.resolved.spec.chat_template)
         self.update_cfg = update_config(cfg, self.fmt.tokenizer.pad_token_id or 0)
         self.rollouts = Rollouts(cfg, self.fmt, pool_ids=self.state.get("pool"))
+        self.checker = PushChecker(cfg.push_check, self.fmt)
+        self.calibration: dict[str, float] = {}  # the push check's, for this process's first step's metrics
 
     async def start(self) -> None:
         """The rollout engine and the sandbox, the engine's version gate at the learner's step."""
@@ -267,6 +269,8 @@ class RLRun:
         self.colocation = Colocation(engine, self.cfg.sleep_level, release=self.learner.release_memory) \
             if self.cfg.placement == "colocated" else None
         await sandbox.start()
+        # before any update the engine and the learner hold the same weights: the push check's bound (push_check.py)
+        self.calibration = await self.checker.calibrate(engine, self.learner)
 
     # ------------------------------------------------------------------ update
     def update(self, kept: list[Graded], stop: threading.Event | None = None) -> dict[str, float]:
@@ -369,8 +373,7 @@ class RLRun:
         if self.colocation is not None:
             await self.colocation.wake()
         # the push checked, the engine awake: the probe's figures (push_check.py)
-        probe = await check_push(self.cfg.push_check, self.fmt, self.rollouts.engine, self.learner,
-                                 self.learner.step) if kept else {}
+        probe = await self.checker.check(self.rollouts.engine, self.learner, self.learner.step) if kept else {}
         metrics = {
             **self.rollouts.metrics(batch, stats, kept),
             "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,
@@ -453,7 +456,8 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
                     batch = await pending.pop(step)
                     waited = time.perf_counter() - t0
                     start = run.check_start(batch) if step == 0 else {}
-                    metrics = await run.learn(batch, frame.store, frame.run_id) | start
+                    metrics = await run.learn(batch, frame.store, frame.run_id) | start | run.calibration
+                    run.calibration = {}
                     if within + 1 < stage.steps:
                         run.launch(pending, step + 1, pool)  # at once: the next batches need only this push
                     metrics |= {"stage": index, "learner_wait_s": waited, "step_time": time.perf_counter() - t0}

@@ -264,10 +264,10 @@ class LearnerActor:
         if self.transfer is None:
             raise RuntimeError("this rank is in no vLLM weight transfer: the learner group sets it up before a push")
         self.guard.reset()  # a fresh record for this push (the source and the client hold this guard)
+        self.forget_pushed()
         send(self.transfer, self.guard, self.rollout_client.abort)
-        if self.rank == 0:  # the source refills `kept` with new tensors at the next push; the IPC push keeps no copy,
-            self.pushed = dict(self.kept) if self.kept else None  # so a replacement worker waits for the next push
-            self.pushed_ref_ = []
+        if self.rank == 0:  # the IPC push keeps no copy, so a replacement worker waits for the next push
+            self.pushed = dict(self.kept) if self.kept else None
             if not self.kept:
                 log.debug("the colocated push keeps no host copy: a replaced rollout worker serves its loaded weights "
                          "until the next push")
@@ -277,6 +277,7 @@ class LearnerActor:
         replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
         from ..push.collective import nbytes
 
+        self.forget_pushed()
         state = self.learner.full_state_dict()
         if self.rank != 0:
             return 0
@@ -287,16 +288,25 @@ class LearnerActor:
             raise RuntimeError(f"the weight plan and the state dict differ ({sorted(names ^ set(state))[:5]}): "
                                f"rebuild the weight-sync group")
         self.pushed = self.group.send(state, buckets)
-        self.pushed_ref_ = []
         return nbytes(buckets)
+
+    def forget_pushed(self) -> None:
+        """Rank 0 drops the previous push's host copy (and its object-store reference) before the next push
+        gathers: at most one host copy of the weights at any moment, not the last push's beside the new one."""
+        self.pushed, self.pushed_ref_ = None, []
+        self.kept.clear()
 
     def pushed_ref(self) -> list[Any]:
         """Rank 0: [an object reference to the last pushed weights] (put once per push), or [] before any."""
         import ray
 
-        if self.pushed is not None and not self.pushed_ref_:  # its tensors are views of the sent buckets: each
-            # would carry its whole bucket into the object store, so each goes as its own copy (once per push)
-            self.pushed_ref_ = [ray.put({k: v.clone() for k, v in self.pushed.items()})]
+        if self.pushed is not None and not self.pushed_ref_:  # the collective's tensors are views of the sent
+            # buckets (each would carry its whole bucket into the object store): those go as their own copy; once in
+            # the object store, rank 0's own copy is dropped (the reference holds the one copy)
+            self.pushed_ref_ = [ray.put({k: v.clone() if v.untyped_storage().nbytes() > v.nbytes else v
+                                         for k, v in self.pushed.items()})]
+            self.pushed = None
+            self.kept.clear()
         return self.pushed_ref_
 
     def save(self, folder: str, extra: dict[str, Any], meta: dict[str, Any]) -> str:
