@@ -214,7 +214,7 @@ def test_a_colocated_recipe_that_cannot_fit_is_refused_before_start_with_what_to
     assert "placement: separate" in str(small.value) and "memory_check=false" in str(small.value)
     huge = plan_rl(one_node(RL_8GPU, "micro_batch_tokens=262144"), gpu_memory_gib=GPU_80GB)
     assert [g.fits for g in huge.gpus] == [True, False]
-    assert any("micro_batch_tokens: 16384" in a for a in huge.advice), huge.advice
+    assert any("micro_batch_tokens: 32768" in a for a in huge.advice), huge.advice  # beside one packed buffer
     greedy = plan_rl(one_node(RL_1GPU, "engine_options={gpu_memory_utilization: 0.85}"), gpu_memory_gib=GPU_80GB)
     assert [g.fits for g in greedy.gpus] == [False, True]
     (advice,) = greedy.advice

@@ -89,9 +89,8 @@ def colocated_phases(cfg: Any, s: Shape, learner: dict[str, float], capacity: fl
     if cfg.sleep_level == 1:
         update["(vllm: weights in host memory)"] = weights
     update["vllm_weights_woken_for_push"] = weights
-    # vLLM 0.32's IPC trainer (unpacked) keeps every exported bf16 copy alive until the push ends: the whole model
-    update["push_transient"] = push_transient(s, "model" if receive == "bucket" else receive,
-                                              cfg.ray.weight_bucket_mb, weights)
+    # the IPC push is packed (push/vllm.py): one reusable buffer of ray.weight_bucket_mb, at least the largest tensor
+    update["push_transient"] = push_transient(s, receive, cfg.ray.weight_bucket_mb, weights)
     kept = "weights to host memory" if cfg.sleep_level == 1 else "weights dropped (the push brings them)"
     upd_notes = [f"sleep level {cfg.sleep_level}: KV cache dropped, {kept}; the push wakes the weights first "
                  f"(counted beside the learner's peak)"]

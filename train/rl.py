@@ -245,7 +245,7 @@ class RLRun:
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.choice = choose(cfg)  # the weight push, once (train/push): its backend and what the engine must hold
-        self.push = make_push(self.choice, cfg.distributed)
+        self.push = make_push(self.choice, cfg.distributed, cfg.ray.weight_bucket_mb)
         self.cfg, self.backend, self.given_engine = cfg, where, engine
         self.colocation: Colocation | None = None
         last = resume_from(cfg.out, resume)

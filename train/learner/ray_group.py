@@ -65,7 +65,7 @@ class RayConfig:
     sandbox_workers: int = 2  # warm workers per template in each sandbox actor
     sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
-    weight_bucket_mb: float = 256.0  # collective: whole layers go in buckets of at most this size (receive memory)
+    weight_bucket_mb: float = 256.0  # collective: whole layers in buckets of at most this; ipc: the packed buffer
     group_timeout_s: float = 600.0  # each collective of the learner ranks' FSDP group (checkpoints wait apart)
     max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
     # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as

@@ -164,7 +164,11 @@ class ThroughGroup(WeightPush):
         await learner.push(engine, self.name)
 
 
-def make_push(choice: Choice, distributed: str) -> WeightPush:
+def make_push(choice: Choice, distributed: str, bucket_mb: float = 256.0) -> WeightPush:
+    """The chosen backend; `bucket_mb` (the recipe's `ray.weight_bucket_mb`) is the packed IPC push's buffer here as
+    on Ray, so the memory plan's push transient is one figure for both."""
     if distributed == "ray":
         return ThroughGroup(choice.backend)
-    return {"shared": Shared, "chunked": Chunked, "ipc": InPlace}[choice.backend]()
+    if choice.backend == "ipc":
+        return InPlace(buffer_mb=bucket_mb)
+    return {"shared": Shared, "chunked": Chunked}[choice.backend]()
