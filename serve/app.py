@@ -9,6 +9,9 @@
 - POST /v1/responses (responses.py): the Responses API, `code_interpreter` run by the server's sandbox.
 - POST /v1/completions: text or token ids in, text, token ids and logprobs out (what the `openai` engine uses).
 - GET /v1/models, /health, /metrics (Prometheus).
+
+What keeps the server up when one client misbehaves (the body limit, the header and body deadlines, the key check,
+the per-client budgets) is in guard.py; docs/serve.md has the threat model.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesProtocol
@@ -41,9 +46,22 @@ from rstar2_agent.reply_stream import (
     starts_in_reasoning,
 )
 from rstar2_agent.sandbox import Sandbox
+from rstar2_agent.sandbox.types import ExecResult, Status
 from rstar2_agent.tool_constraints import tool_call_constraint
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
+from .guard import (
+    MAX_JSON_DEPTH,
+    BodyTooLarge,
+    Budgets,
+    current_client,
+    key_digest,
+    key_matches,
+    read_body,
+    replay,
+    route_label,
+    too_deep,
+)
 from .metrics import ServeMetrics
 from .protocol import ChatRequest, CompletionRequest, OpenAIError, new_id, now, validation_error
 
@@ -55,17 +73,27 @@ class ServeConfig:
     model_name: str
     format: str = "hermes"  # the format profile; requests with client `tools` use hermes unless it is rstar2-release
     chat_template: str | None = None
-    max_turns: int = 30
+    max_turns: int = 30  # the default and the most a request may ask for
     max_tokens: int = 8192  # default response budget when a request sets none
-    tool_timeout: float = 10.0
+    tool_timeout: float = 10.0  # a call's default wall-time limit
+    max_tool_timeout: float = 60.0  # the most a request's tool_timeout may ask for
     max_concurrency: int = 64
+    max_concurrency_per_client: int | None = None  # slots of max_concurrency one client holds at once (None: 1/4)
+    tool_seconds_per_client: float = 600.0  # sandbox wall seconds a client may spend a minute (0: no budget)
     api_key: str | None = None
+    public_health: bool = False  # /health answers without the key (when there is one)
+    public_metrics: bool = False  # /metrics answers without the key (when there is one)
+    max_body_mb: float = 8.0  # a larger request body is refused with 413 while it is read
+    header_timeout: float = 10.0  # seconds a connection has to send a request's headers
+    body_timeout: float = 60.0  # seconds a request has to send its body, once its headers are in
+    max_connections_per_client: int = 256  # connections open at once from one address
     stall_timeout: float | None = 300.0  # a request with no new token for this long is aborted (None: never)
     separate_reasoning: bool = True  # reasoning_content apart from content (a request's separate_reasoning wins)
     # tool_choice "required"/named: tokens of free text (reasoning) allowed before the forced call; 0, as vLLM: the
     # call comes first
     forced_call_text_tokens: int = 0
     max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id and GET (least recently used out)
+    max_stored_mb: float = 256.0  # and at most this many megabytes of them (their JSON)
     max_containers: int = 16  # /v1/responses code_interpreter containers open at once (a sandbox session each)
     container_idle_timeout: float = 1200.0  # seconds an unused container lives (OpenAI's containers: 20 minutes)
 
@@ -77,7 +105,18 @@ class Server:
         self.sandbox, self.cfg = sandbox, config
         self.formats = {p: ChatFormat(engine.tokenizer, p, config.chat_template) for p in FORMATS}
         self.gate = asyncio.Semaphore(config.max_concurrency)
+        per_client = config.max_concurrency_per_client or max(1, config.max_concurrency // 4)
+        self.budgets = Budgets(per_client, config.tool_seconds_per_client)
         self.vocab_size = len(engine.tokenizer)  # len() of a tokenizer is not free: once
+        # rendering and tokenizing a large request takes seconds of CPU: off the event loop, so that /health and
+        # the other clients' streams are served meanwhile
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rstar2-render")
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def render(self, fmt: ChatFormat, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        return await self.off_loop(fmt.render_prompt, messages, tools)
 
     # ------------------------------------------------------------------ helpers
     def check_model(self, name: str | None) -> None:
@@ -95,6 +134,16 @@ class Server:
             raise OpenAIError(400, f"{budget_param} is {budget}, but the prompt has {n} tokens and this model's "
                               f"context is {context}: ask for at most {context - n}.", budget_param,
                               "context_length_exceeded")
+
+    def check_caps(self, req: Any) -> None:
+        """A request's max_turns and tool_timeout within the server's caps (a 400 naming the cap, rather than 100
+        turns of 600 s calls holding a slot for hours)."""
+        if req.max_turns is not None and req.max_turns > self.cfg.max_turns:
+            raise OpenAIError(400, f"max_turns is {req.max_turns}; this server allows at most {self.cfg.max_turns} "
+                              "(rstar2 serve --max-turns).", "max_turns")
+        if req.tool_timeout is not None and req.tool_timeout > self.cfg.max_tool_timeout:
+            raise OpenAIError(400, f"tool_timeout is {req.tool_timeout:g} s; this server allows at most "
+                              f"{self.cfg.max_tool_timeout:g} s (rstar2 serve --max-tool-timeout).", "tool_timeout")
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
@@ -141,8 +190,9 @@ class Server:
     async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
                        sandbox: Sandbox | None = None) -> Trajectory:
         """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container)."""
-        async with self.gate:
-            traj = await run_agent(req.messages, self.engine, sandbox or self.sandbox, self.format_for(req),
+        budgeted = Budgeted(sandbox or self.sandbox, self.budgets, current_client.get())
+        async with self.budgets.slot(self.gate):
+            traj = await run_agent(req.messages, self.engine, budgeted, self.format_for(req),
                                    self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
         self.metrics.observe_trajectory(traj)
         if traj.stop_reason == "engine_error":
@@ -190,7 +240,7 @@ class Server:
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
                                  stop_token_ids=fmt.stop_token_ids, constraint=constraint)
-        async with self.gate:
+        async with self.budgets.slot(self.gate):
             gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
             decoder.flush()
@@ -202,6 +252,41 @@ class Server:
         reply = reply_of(deltas)
         finish = "length" if gen.finish_reason == "length" else "tool_calls" if reply.calls else "stop"
         return reply_message(reply, self.splits(req)), finish, len(prompt), len(gen.token_ids), gen
+
+
+class Budgeted(Sandbox):
+    """The sandbox as one request's loop sees it: a call runs while its client has sandbox time left this minute,
+    and is charged what it ran; past the budget it is refused (the model reads why) without running."""
+
+    def __init__(self, inner: Sandbox, budgets: Budgets, client: str):
+        self.inner, self.budgets, self.client = inner, budgets, client
+
+    async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
+        if self.budgets.tool_time_left(self.client) <= 0:
+            return ExecResult.failure(Status.QUEUE_TIMEOUT, "the call did not run: this client has spent its "
+                                      f"sandbox time ({self.budgets.tool_seconds:g} s a minute); retry in "
+                                      f"{self.budgets.retry_after(self.client)} s")
+        t0 = time.monotonic()
+        result = None
+        try:
+            result = await self.inner.run(code, stdin, timeout)
+            return result
+        finally:
+            self.budgets.charge(result.duration if result is not None and result.duration else
+                                time.monotonic() - t0, self.client)
+
+    async def open_session(self) -> str:
+        return await self.inner.open_session()
+
+    async def run_in_session(self, session_id: str, code: str, stdin: str = "",
+                             timeout: float | None = None) -> ExecResult:
+        return await self.inner.run_in_session(session_id, code, stdin, timeout)
+
+    async def close_session(self, session_id: str) -> None:
+        await self.inner.close_session(session_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.inner.stats()
 
 
 def engine_failure(e: EngineError) -> OpenAIError:
@@ -279,25 +364,29 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any]) -> Any:
                 await task
 
 
-class AuthAndCount:
-    """ASGI middleware: the API key on /v1/, and each request counted by path and status with its latency (to the
-    last byte of a stream). Plain ASGI rather than Starlette's BaseHTTPMiddleware, which hides a client's
-    disconnect from the endpoint (a non-streaming request would then run on for a client that has gone)."""
+class Guard:
+    """ASGI middleware in front of every route: the API key (on every path when one is set, /health and /metrics
+    too unless they are public), the request body read here under its size limit (413 as soon as it is passed,
+    never buffered whole) and its JSON nesting checked, a client past its sandbox-time budget refused (429), and each
+    request counted by route and status with its latency (to the last byte of a stream). Plain ASGI rather than
+    Starlette's BaseHTTPMiddleware, which hides a client's disconnect from the endpoint (a non-streaming request
+    would then run on for a client that has gone)."""
 
-    def __init__(self, app: Any, server: Server):
-        self.app, self.server = app, server
+    LOOP_ROUTES = ("/v1/chat/completions", "/v1/responses")  # the routes that run code
+
+    def __init__(self, app: Any, server: Server, router: Any):
+        self.app, self.server, self.router = app, server, router
+        cfg = server.cfg
+        self.digest = key_digest(cfg.api_key) if cfg.api_key else None
+        self.public = {p for p, public in (("/health", cfg.public_health), ("/metrics", cfg.public_metrics)) if public}
+        self.limit = int(cfg.max_body_mb * 2**20)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path, m, key = scope["path"], self.server.metrics, self.server.cfg.api_key
-        if key and path.startswith("/v1/"):
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
-                m.requests.labels(path, "401").inc()
-                err = OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
-                                  code="invalid_api_key", kind="authentication_error")
-                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+        m, route = self.server.metrics, route_label(self.router.routes, scope)
+        client = scope.get("client")
+        token = current_client.set(client[0] if client else "-")
         t0, status = time.monotonic(), ["500"]
 
         async def counted_send(message: dict[str, Any]) -> None:
@@ -305,12 +394,43 @@ class AuthAndCount:
                 status[0] = str(message["status"])
             await send(message)
 
+        async def refuse(err: OpenAIError, headers: dict[str, str] | None = None) -> None:
+            await JSONResponse(err.body(), status_code=err.status, headers=headers)(scope, receive, counted_send)
+
         try:
-            await self.app(scope, receive, counted_send)
+            headers = dict(scope.get("headers") or [])
+            if self.digest is not None and scope["path"] not in self.public and \
+                    not key_matches(headers.get(b"authorization"), self.digest):
+                return await refuse(OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer "
+                                                     "<key>`.", code="invalid_api_key", kind="authentication_error"))
+            if scope["method"] not in ("POST", "PUT", "PATCH"):
+                return await self.app(scope, receive, counted_send)
+            too_large = OpenAIError(413, f"The request body is larger than this server's limit of "
+                                         f"{self.server.cfg.max_body_mb:g} MiB (rstar2 serve --max-body-mb).",
+                                    code="request_too_large")
+            length = headers.get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                return await refuse(too_large)  # before a byte of it is read (uvicorn drains the rest unbuffered)
+            try:
+                body = await read_body(receive, self.limit)
+            except BodyTooLarge:
+                return await refuse(too_large)
+            if body is None:  # the client went away
+                return
+            if too_deep(body):
+                return await refuse(OpenAIError(400, "The request body nests JSON arrays and objects more than "
+                                                     f"{MAX_JSON_DEPTH} deep; flatten it.", code="invalid_json"))
+            budgets = self.server.budgets
+            if route in self.LOOP_ROUTES and budgets.tool_time_left() <= 0:
+                wait = budgets.retry_after()
+                return await refuse(OpenAIError(429, f"This client has spent its sandbox time ({budgets.tool_seconds:g}"
+                                                     f" s a minute); retry in {wait} s.", code="rate_limit_exceeded",
+                                                kind="rate_limit_error"), {"retry-after": str(wait)})
+            await self.app(scope, replay(body, receive), counted_send)
         finally:
-            route = getattr(scope.get("route"), "path", path)  # /v1/responses/{response_id}: one label, not one per id
             m.requests.labels(route, status[0]).inc()
             m.latency.labels(route).observe(time.monotonic() - t0)
+            current_client.reset(token)
 
 
 def create_app(server: Server, *, manage: bool = True) -> FastAPI:
@@ -338,12 +458,17 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
 
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:  # unknown routes, unparsable bodies
+        err = OpenAIError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(EngineError)
     async def _engine_failed(request: Request, exc: EngineError) -> JSONResponse:
         err = engine_failure(exc)
         return JSONResponse(err.body(), status_code=err.status)
 
-    app.add_middleware(AuthAndCount, server=server)
+    app.add_middleware(Guard, server=server, router=app.router)
     from .responses import add_responses_routes  # here: responses.py imports this module
 
     add_responses_routes(app, server)
@@ -371,8 +496,9 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         server.check_model(req.model)
+        server.check_caps(req)
         constraint = server.forced_call(req)  # refused before anything runs
-        prompt = server.format_for(req).render_prompt(req.messages, req.tools)  # once per request
+        prompt = await server.render(server.format_for(req), req.messages, req.tools)  # once per request
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
         current_request.set(cid)  # the tasks below inherit it: a stall names the request
@@ -400,7 +526,7 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request):
         server.check_model(req.model)
         tok = server.engine.tokenizer
-        prompt = list(req.prompt) if isinstance(req.prompt, list) else tok.encode(req.prompt)
+        prompt = list(req.prompt) if isinstance(req.prompt, list) else await server.off_loop(tok.encode, req.prompt)
         server.check_token_ids(prompt, "prompt")
         server.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
         server.check_fits(prompt, req.max_tokens, "prompt", "max_tokens")
@@ -546,7 +672,7 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
 async def _complete(server: Server, req: CompletionRequest, prompt: list[int], index: int, on_tokens=None):
     budget = min(req.max_tokens or 16, server.engine.context_length - len(prompt))
     sampling = server.sampling(req, index, budget, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
-    async with server.gate:
+    async with server.budgets.slot(server.gate):
         gen = await server.engine.generate(prompt, sampling, on_tokens)
     server.metrics.tokens.labels("prompt").inc(len(prompt))
     server.metrics.tokens.labels("completion").inc(len(gen.token_ids))

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rstar2_agent.tool_constraints import named_function
 
+from .guard import printable
+
 MAX_N = 16
 MAX_STOP = 4
 MAX_TOOLS = 128
@@ -216,7 +218,14 @@ def check_unsupported(body: dict[str, Any], known: set[str]) -> None:
             raise InvalidField(name, f"{name} is not supported: {why}; leave it out")
     unknown = sorted(set(body) - known - IGNORED - set(NEUTRAL))
     if unknown:
-        log.warning("ignored request fields this server does not know: %s", ", ".join(unknown))
+        log.warning("ignored request fields this server does not know: %s", names(unknown))
+
+
+def names(unknown: list[str], most: int = 10) -> str:
+    """Client-provided field names for a log line: each escaped and cut (no newline or control character of a
+    client's reaches the log), at most `most` of them."""
+    shown = ", ".join(printable(n, 40) for n in unknown[:most])
+    return shown + (f" and {len(unknown) - most} more" if len(unknown) > most else "")
 
 
 class _Request(BaseModel):

@@ -64,7 +64,9 @@ class Plan:
     loop: bool  # the server's code loop (code_interpreter), else one generation
     stateful: bool = False  # the loop's calls share the container's session
     container_id: str = ""
-    container: Container | None = None  # the open container it continues in
+    container: Container | None = None  # the open container its calls run in, held while the request runs
+    made: bool = False  # the container was made for this request
+    done: bool = False  # the response was finished (returned, and stored if asked): its container is referred to
     id: str = field(default_factory=lambda: new_id("resp"))
     created: int = field(default_factory=now)
 
@@ -84,16 +86,19 @@ class Responses:
     def __init__(self, server: Server):
         cfg = server.cfg
         self.server = server
-        self.store = ResponseStore(cfg.max_stored_responses)
+        self.store = ResponseStore(cfg.max_stored_responses, int(cfg.max_stored_mb * 2**20))
         self.containers = Containers(server.sandbox, cfg.max_containers, cfg.container_idle_timeout)
 
     # ------------------------------------------------------------------ planning (every check before any work)
-    def plan(self, req: ResponsesRequest) -> Plan:
+    async def plan(self, req: ResponsesRequest) -> Plan:
+        """The checked request, its prompt rendered off the event loop, and its container held (a new one made:
+        past the cap, a 429 before anything runs); `release` lets it go."""
         server = self.server
         server.check_model(req.model)
         prev = self.store.get(req.previous_response_id, "previous_response_id") if req.previous_response_id else None
         code, functions = req.code_tool(), req.function_tools()
         chat = chat_request(req, functions)
+        server.check_caps(chat)
         fmt = server.format_for(chat)
         python_tool = fmt.tools[0].get("function", fmt.tools[0])["name"]
         conversation = (prev.messages if prev else []) + input_messages(req.input, python_tool)
@@ -101,7 +106,7 @@ class Responses:
         loop = code is not None and req.tool_choice != "none"
         stateful = loop and fmt.protocol.name not in FIXED_TEMPLATE
         tools = ([stateful_schema(fmt.tools[0])] if stateful else None) if loop else functions
-        prompt = fmt.render_prompt(chat.messages, tools)
+        prompt = await server.render(fmt, chat.messages, tools)
         server.check_fits(prompt, req.max_output_tokens, "input", "max_output_tokens")
         plan = Plan(req, chat, fmt, prompt, conversation, loop, stateful)
         if loop:
@@ -112,8 +117,19 @@ class Responses:
                 plan.container = self.containers.find(spec, param)
             else:
                 plan.container = self.containers.alive(prev.container if prev else None)
+            if plan.container is not None:
+                plan.container.users += 1
+            elif stateful:
+                plan.container, plan.made = await self.containers.new(), True
             plan.container_id = plan.container.id if plan.container else plan.container_id or new_id("cntr")
         return plan
+
+    def release(self, plan: Plan) -> None:
+        """The request has ended: its container may expire from now on, or, made for a request that never finished,
+        is closed now."""
+        if plan.container is not None:
+            self.containers.release(plan.container, reap=plan.made and not plan.done)
+            plan.container = None
 
     # ------------------------------------------------------------------ running
     async def run(self, plan: Plan, out: Output) -> Result:
@@ -130,12 +146,8 @@ class Responses:
             elif kind == "tool_result":
                 out.code_result(payload.id, logs_of(payload), payload.error is None and payload.status == "ok")
 
-        sandbox = ContainerSandbox(self.containers, plan.container_id, plan.container) if plan.stateful else None
-        try:
-            traj = await self.server.run_loop(plan.chat, 0, plan.prompt, on_event, sandbox=sandbox)
-        finally:
-            if sandbox is not None:
-                sandbox.release()
+        sandbox = ContainerSandbox(self.containers, plan.container) if plan.container is not None else None
+        traj = await self.server.run_loop(plan.chat, 0, plan.prompt, on_event, sandbox=sandbox)
         put_text(out, reader.finish())
         incomplete = {"max_tokens": "max_output_tokens", "max_turns": "max_turns"}.get(traj.stop_reason)
         return Result(turn_messages(traj, plan.fmt.eos_text), len(plan.prompt), traj.num_generated_tokens, incomplete,
@@ -191,8 +203,9 @@ class Responses:
         out.finish(result.incomplete is None)
         body = self.body(plan, out, "incomplete" if result.incomplete else "completed", result)
         if plan.req.store:
-            self.store.put(Stored(body, plan.conversation + result.messages,
+            self.store.put(Stored(stored_copy(body), plan.conversation + result.messages,
                                   plan.container_id if plan.stateful else None))
+        plan.done = True
         return body
 
     # ------------------------------------------------------------------ streaming
@@ -237,6 +250,17 @@ class Responses:
             with contextlib.suppress(BaseException):
                 await task
             m.in_flight.dec()
+
+
+def stored_copy(body: dict[str, Any]) -> dict[str, Any]:
+    """The response as the store keeps it: each program's output once, in its code_interpreter_call item's logs (the
+    trajectory's calls keep their status and duration, not their stdout and stderr again)."""
+    ext = body.get("rstar2")
+    if not ext or not ext.get("num_tool_calls"):
+        return body
+    turns = [{**t, "tool_calls": [{k: v for k, v in c.items() if k not in ("stdout", "stderr")}
+                                  for c in t["tool_calls"]]} for t in ext["turns"]]
+    return {**body, "rstar2": {**ext, "turns": turns}}
 
 
 def chat_request(req: ResponsesRequest, functions: list[dict[str, Any]]) -> ChatRequest:
@@ -322,14 +346,17 @@ def add_responses_routes(app: FastAPI, server: Server) -> None:
 
     @app.post("/v1/responses")
     async def create(req: ResponsesRequest, request: Request):
-        plan = responses.plan(req)
+        plan = await responses.plan(req)
         current_request.set(plan.id)  # the tasks below inherit it: a stall names the request
         if req.stream:
-            return StreamingResponse(responses.stream(plan), media_type="text/event-stream")
+            return Releasing(responses.stream(plan), lambda: responses.release(plan), media_type="text/event-stream")
         out = Output()
-        with server.metrics.in_flight.track_inprogress():
-            result = await until_done_or_gone(request, responses.run(plan, out))
-        return responses.finished(plan, out, result)
+        try:
+            with server.metrics.in_flight.track_inprogress():
+                result = await until_done_or_gone(request, responses.run(plan, out))
+            return responses.finished(plan, out, result)
+        finally:
+            responses.release(plan)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str) -> dict[str, Any]:
@@ -339,3 +366,18 @@ def add_responses_routes(app: FastAPI, server: Server) -> None:
     async def delete(response_id: str) -> dict[str, Any]:
         responses.store.delete(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+class Releasing(StreamingResponse):
+    """A stream that calls `release` when it ends, however it ends (its generator's own `finally` does not run when
+    the client goes away before the first chunk)."""
+
+    def __init__(self, content: Any, release: Any, **kw: Any):
+        super().__init__(content, **kw)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()

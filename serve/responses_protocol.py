@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .protocol import MAX_TOOLS, InvalidField, check_tool, field_path, first_unencodable, new_id
+from .guard import printable
+from .protocol import MAX_TOOLS, InvalidField, check_tool, field_path, first_unencodable, names, new_id
 
 log = logging.getLogger("rstar2.serve")
 
@@ -37,6 +38,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 IGNORED = {"metadata", "user", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "prompt_cache_retention", "stream_options"}
 INCLUDABLE = ("code_interpreter_call.outputs",)  # always included; any other `include` value is refused
+MAX_METADATA = (16, 64, 512)  # pairs, key length, value length (OpenAI's)
 
 
 class ResponsesRequest(BaseModel):
@@ -79,7 +81,7 @@ class ResponsesRequest(BaseModel):
                 raise InvalidField(name, f"{name}={body[name]!r} is not supported: {why}; leave it out")
         unknown = sorted(set(body) - set(cls.model_fields) - IGNORED - set(REFUSED))
         if unknown:
-            log.warning("ignored /v1/responses fields this server does not know: %s", ", ".join(unknown))
+            log.warning("ignored /v1/responses fields this server does not know: %s", names(unknown))
         return body
 
     @field_validator("input", mode="before")
@@ -119,6 +121,21 @@ class ResponsesRequest(BaseModel):
             raise InvalidField("tool_choice", f'tool_choice must be "none" or "auto"; got {choice!r}')
         return choice
 
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        """OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512 (it is stored with the response)."""
+        if metadata and len(metadata) > MAX_METADATA[0]:
+            raise InvalidField("metadata", f"metadata has {len(metadata)} pairs; at most {MAX_METADATA[0]} are allowed")
+        for key, value in (metadata or {}).items():
+            if len(key) > MAX_METADATA[1]:
+                raise InvalidField("metadata", f"metadata key {printable(key)} is {len(key)} characters long; at "
+                                               f"most {MAX_METADATA[1]} are allowed")
+            if len(value) > MAX_METADATA[2]:
+                raise InvalidField(f"metadata.{key}", f"metadata.{key} is {len(value)} characters long; at most "
+                                                      f"{MAX_METADATA[2]} are allowed")
+        return metadata
+
     @field_validator("text")
     @classmethod
     def _text(cls, text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -128,14 +145,15 @@ class ResponsesRequest(BaseModel):
             raise InvalidField("text.format", f"text.format {kind!r} is not supported (no JSON modes here): "
                                               'send {"type": "text"} and ask for JSON in the input')
         if (text or {}).get("verbosity") not in (None, "medium"):
-            log.info("text.verbosity %r ignored: the model has one verbosity", text["verbosity"])
+            log.info("text.verbosity %s ignored: the model has one verbosity", printable(text["verbosity"]))
         return text
 
     @field_validator("reasoning")
     @classmethod
     def _reasoning(cls, reasoning: dict[str, Any] | None) -> dict[str, Any] | None:
         if (reasoning or {}).get("effort") not in (None, "none"):
-            log.info("reasoning.effort %r ignored: the model reasons as it was trained to", reasoning["effort"])
+            log.info("reasoning.effort %s ignored: the model reasons as it was trained to",
+                     printable(reasoning["effort"]))
         return reasoning
 
     @field_validator("include")
@@ -177,12 +195,24 @@ def check_item(item: Any, at: str) -> None:
         if not isinstance(item.get("output"), str):
             check_content(item.get("output"), f"{at}.output")
     elif kind == "code_interpreter_call":
-        if not isinstance(item.get("code"), str | None):
-            raise InvalidField(f"{at}.code", f"{at}.code must be a string")
+        for key in ("code", "id"):
+            if not isinstance(item.get(key), str | None):
+                raise InvalidField(f"{at}.{key}", f"{at}.{key} must be a string")
+        outputs = item.get("outputs")
+        if outputs is not None and not (isinstance(outputs, list) and all(
+                isinstance(o, dict) and isinstance(o.get("logs", ""), str) for o in outputs)):
+            raise InvalidField(f"{at}.outputs", f'{at}.outputs must be a list of {{"type": "logs", "logs": "..."}}')
+    elif kind == "reasoning":
+        for key in ("content", "summary"):
+            parts = item.get(key)
+            if parts is not None and not (isinstance(parts, list) and all(
+                    isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts)):
+                raise InvalidField(f"{at}.{key}", f'{at}.{key} must be a list of parts {{"type": "...", "text": '
+                                                  '"..."}')
     elif kind == "item_reference":
         raise InvalidField(f"{at}.type", f"{at} is an item_reference, which this server does not resolve: send "
                                          "previous_response_id, or the items themselves")
-    elif kind != "reasoning":
+    else:
         raise InvalidField(f"{at}.type", f"{at} is a {kind!r} item, which this server does not take: send messages, "
                                          "function_call and function_call_output items (or earlier output items)")
 
@@ -229,7 +259,7 @@ def check_container(container: Any, at: str) -> None:
         raise InvalidField(f"{at}.memory_limit", f"{at}.memory_limit is not supported: the sandbox's limits are the "
                                                  "server's; leave it out")
     policy = container.get("network_policy")
-    if policy is not None and policy.get("type") != "disabled":
+    if policy is not None and (not isinstance(policy, dict) or policy.get("type") != "disabled"):
         raise InvalidField(f"{at}.network_policy", f"{at}.network_policy: the sandbox has no network; leave it out")
 
 

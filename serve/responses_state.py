@@ -3,12 +3,16 @@ code_interpreter containers (a sandbox session each, so that a variable one call
 
 Containers live in this process: an idle one is closed after `idle_timeout` seconds (a sweep runs every half of it,
 at most every 30 s), at most `cap` are open (a new one closes the least recently used idle one first; when all are
-busy the request is refused with 429), and all are closed when the server shuts down.
+busy the request is refused with 429, before it runs), a container made for a request that never finished (its
+client went away, or it failed) is closed as it ends, and all are closed when the server shuts down.
+
+Stored responses are bounded by count and by bytes (their JSON), least recently used out first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -30,31 +34,49 @@ class Stored:
     container: str | None = None  # the stateful container its code ran in (`{"type": "auto"}` reuses it)
 
 
-class ResponseStore:
-    """The last `cap` stored responses, least recently used dropped first."""
+def size_of(stored: Stored) -> int:
+    """What a stored response weighs: the length of its JSON (body and conversation)."""
+    return len(json.dumps(stored.body, ensure_ascii=False)) + len(json.dumps(stored.messages, ensure_ascii=False))
 
-    def __init__(self, cap: int):
-        self.cap = cap
+
+class ResponseStore:
+    """The last `cap` stored responses, and at most `max_bytes` of them (size_of), least recently used dropped
+    first; one larger than `max_bytes` alone is not kept."""
+
+    def __init__(self, cap: int, max_bytes: int = 256 * 2**20):
+        self.cap, self.max_bytes = cap, max_bytes
         self.items: OrderedDict[str, Stored] = OrderedDict()
+        self.sizes: dict[str, int] = {}
+        self.bytes = 0
 
     def put(self, stored: Stored) -> None:
-        self.items[stored.body["id"]] = stored
-        self.items.move_to_end(stored.body["id"])
-        while len(self.items) > self.cap:
-            self.items.popitem(last=False)
+        key, size = stored.body["id"], size_of(stored)
+        self._drop(key)
+        if size > self.max_bytes:
+            log.warning("response %s is %d bytes, more than the store's %d: not stored", key, size, self.max_bytes)
+            return
+        self.items[key], self.sizes[key] = stored, size
+        self.bytes += size
+        while len(self.items) > self.cap or self.bytes > self.max_bytes:
+            self._drop(next(iter(self.items)))
+
+    def _drop(self, key: str) -> None:
+        if self.items.pop(key, None) is not None:
+            self.bytes -= self.sizes.pop(key)
 
     def get(self, response_id: str, param: str = "response_id") -> Stored:
         stored = self.items.get(response_id)
         if stored is None:
             code = "previous_response_not_found" if param == "previous_response_id" else "response_not_found"
             raise OpenAIError(404, f"No response with id {response_id!r} is stored here (responses made with "
-                                   f"store=false are not kept, and only the last {self.cap} are).", param, code)
+                                   f"store=false are not kept, and only the last {self.cap}, at most "
+                                   f"{self.max_bytes / 2**20:g} MiB, are).", param, code)
         self.items.move_to_end(response_id)
         return stored
 
     def delete(self, response_id: str) -> None:
         self.get(response_id)
-        del self.items[response_id]
+        self._drop(response_id)
 
 
 # ---------------------------------------------------------------------------------------------- containers
@@ -71,6 +93,7 @@ class Containers:
     def __init__(self, sandbox: Sandbox, cap: int, idle_timeout: float):
         self.sandbox, self.cap, self.idle_timeout = sandbox, cap, idle_timeout
         self.open: dict[str, Container] = {}
+        self.closing: set[asyncio.Task] = set()  # closes that run on after the request that started them
 
     def find(self, container_id: str, param: str) -> Container:
         """A container named by a request; 404 when it was never made, expired or was evicted."""
@@ -86,17 +109,45 @@ class Containers:
         return None if c is None or self._expired(c) else c
 
     async def new(self, container_id: str | None = None) -> Container:
+        """A new container, held by the request that asks (users 1): made before the request runs, so that one
+        past the cap is the request's 429, not a failed tool call."""
         await self.sweep()
-        if len(self.open) >= self.cap:
+        while len(self.open) >= self.cap:
             idle = [c for c in self.open.values() if c.users == 0]
             if not idle:
                 raise OpenAIError(429, f"All {self.cap} code_interpreter containers are in use; retry when a "
                                        "request ends (or raise the server's max_containers).", "tools",
                                   "too_many_containers", kind="rate_limit_error")
             await self.close(min(idle, key=lambda c: c.last_used).id)
-        c = Container(container_id or new_id("cntr"))
+        c = Container(container_id or new_id("cntr"), users=1)
         self.open[c.id] = c
         return c
+
+    def release(self, c: Container, reap: bool) -> None:
+        """A request is done with `c`; `reap`: it was made for that request, which never finished (nothing refers
+        to it): closed now, in a task of its own (the request's may be cancelled again)."""
+        c.users -= 1
+        c.last_used = time.monotonic()
+        if reap and c.users == 0:
+            self.in_background(self.close(c.id))
+
+    def in_background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self.closing.add(task)
+        task.add_done_callback(self.closing.discard)
+
+    async def _open_session(self, c: Container) -> str:
+        """A sandbox session for `c`; if the request is cancelled while it opens, the session is closed once it is
+        open (a sandbox process nobody tracks otherwise)."""
+        opening = asyncio.ensure_future(self.sandbox.open_session())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            def close_opened(f: asyncio.Future) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    self.in_background(self.sandbox.close_session(f.result()))
+            opening.add_done_callback(close_opened)
+            raise
 
     async def run(self, c: Container, code: str, stdin: str, timeout: float | None) -> ExecResult:
         """Run one call in the container's session (opened now if it has none yet, or again if the sandbox dropped
@@ -111,7 +162,11 @@ class Containers:
                 note = "[the container's sandbox session had expired: this call ran in a fresh one; earlier " \
                        "variables are gone]\n"
             try:
-                c.session = await self.sandbox.open_session()
+                c.session = await self._open_session(c)
+                if self.open.get(c.id) is not c:  # closed (reaped, evicted, expired) while its session opened
+                    self.in_background(self.sandbox.close_session(c.session))
+                    c.session = None
+                    return ExecResult.failure(Status.KILLED, f"container {c.id} was closed")
             except SandboxError as e:
                 return ExecResult.failure(Status.INTERNAL_ERROR, f"could not open container {c.id}: {e}")
             result = await self.sandbox.run_in_session(c.session, code, stdin, timeout)
@@ -134,6 +189,8 @@ class Containers:
     async def close_all(self) -> None:
         for container_id in list(self.open):
             await self.close(container_id)
+        if self.closing:
+            await asyncio.gather(*self.closing, return_exceptions=True)
 
     async def sweep_forever(self) -> None:
         while True:
@@ -145,29 +202,15 @@ class Containers:
 
 
 class ContainerSandbox(Sandbox):
-    """The sandbox as one request's agent loop sees it: each program runs in the request's container (its session);
-    the container is made at the first call (a request that runs no code opens none)."""
+    """The sandbox as one request's agent loop sees it: each program runs in the request's container (its session,
+    opened at the first call: a request that runs no code opens none). The request holds the container (made or
+    found before it runs) and releases it when it ends (Containers.release)."""
 
-    def __init__(self, containers: Containers, container_id: str, existing: Container | None):
-        self.containers, self.container_id, self.container = containers, container_id, existing
-        self.creating = asyncio.Lock()  # a turn's calls run at once: the first makes the container, the others wait
-        if existing is not None:
-            existing.users += 1
+    def __init__(self, containers: Containers, container: Container):
+        self.containers, self.container = containers, container
 
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
-        async with self.creating:
-            if self.container is None:
-                container = await self.containers.new(self.container_id)
-                container.users += 1
-                self.container = container
         return await self.containers.run(self.container, code, stdin, timeout)
-
-    def release(self) -> None:
-        """The request is done with its container (it may expire from now on)."""
-        if self.container is not None:
-            self.container.users -= 1
-            self.container.last_used = time.monotonic()
-            self.container = None
 
     async def open_session(self) -> str:
         return await self.containers.sandbox.open_session()

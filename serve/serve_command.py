@@ -22,14 +22,35 @@ from rstar2_agent.cli_options import engine_option, replica_options
 @click.option("--served-model-name", default=None, help="The name clients use (default: the model's).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None, help="Require `Authorization: Bearer KEY`.")
+@click.option("--api-key", envvar="RSTAR2_API_KEY", default=None, help="Require `Authorization: Bearer KEY` on every "
+              "path (one key is one tenant: docs/serve.md).")
+@click.option("--public-health", is_flag=True, help="With --api-key: /health answers without the key.")
+@click.option("--public-metrics", is_flag=True, help="With --api-key: /metrics answers without the key.")
 @click.option("--sandbox", "sandbox_urls", multiple=True, help="`rstar2 sandbox serve` URL(s); default: local pool.")
 @click.option("--sandbox-workers", type=click.IntRange(1), default=None, help="Local pool workers per template.")
 @click.option("--max-concurrency", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True)
+@click.option("--max-concurrency-per-client", type=click.IntRange(1), default=None,
+              help="Slots of --max-concurrency one client (address) holds at once; its other requests wait their "
+              "turn. Default: a quarter.")
+@click.option("--tool-seconds-per-client", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Sandbox wall seconds one client may spend a minute (past it: 429, and calls refused); 0: no "
+              "budget.")
+@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=8.0, show_default=True,
+              help="Refuse a larger request body with 413 (while it is read).")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a connection has to send a request's headers (then 408, closed).")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds a request has to send its body once its headers are in (then 408, closed).")
+@click.option("--max-connections-per-client", type=click.IntRange(1), default=256, show_default=True,
+              help="Connections open at once from one address.")
+@click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True,
+              help="The default and the most a request's max_turns may ask for.")
 @click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
               help="Default response budget when a request sets none.")
-@click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="A tool call's default wall-time limit.")
+@click.option("--max-tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="The most a request's tool_timeout may ask for.")
 @click.option("--stall-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Abort a request that gets no new token for this many seconds (an error to its client, counted "
               "in /metrics; /health answers 503 while the engine makes no progress). 0: never.")
@@ -46,11 +67,15 @@ from rstar2_agent.cli_options import engine_option, replica_options
               help="/v1/responses: seconds an unused container lives.")
 @click.option("--max-stored-responses", type=click.IntRange(1), default=1000, show_default=True,
               help="/v1/responses kept for previous_response_id and GET (least recently used out).")
+@click.option("--max-stored-mb", type=click.FloatRange(min=0, min_open=True), default=256.0, show_default=True,
+              help="... and at most this many MiB of them (their JSON).")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
-              sandbox_urls, sandbox_workers, max_concurrency, max_turns, max_tokens, tool_timeout, stall_timeout,
+              public_health, public_metrics, sandbox_urls, sandbox_workers, max_concurrency,
+              max_concurrency_per_client, tool_seconds_per_client, max_body_mb, header_timeout, body_timeout,
+              max_connections_per_client, max_turns, max_tokens, tool_timeout, max_tool_timeout, stall_timeout,
               format_name, raw_reasoning, forced_call_text_tokens, max_containers, container_idle_timeout,
-              max_stored_responses, unsafe) -> None:
+              max_stored_responses, max_stored_mb, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -63,6 +88,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
     from .app import ServeConfig, Server, create_app
+    from .guard import uvicorn_config
 
     try:
         resolved = resolve_model(model)
@@ -81,7 +107,12 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key,
                       stall_timeout=stall_timeout or None, separate_reasoning=not raw_reasoning,
                       forced_call_text_tokens=forced_call_text_tokens, max_containers=max_containers,
-                      container_idle_timeout=container_idle_timeout, max_stored_responses=max_stored_responses)
+                      container_idle_timeout=container_idle_timeout, max_stored_responses=max_stored_responses,
+                      max_stored_mb=max_stored_mb, max_tool_timeout=max_tool_timeout, public_health=public_health,
+                      public_metrics=public_metrics, max_concurrency_per_client=max_concurrency_per_client,
+                      tool_seconds_per_client=tool_seconds_per_client, max_body_mb=max_body_mb,
+                      header_timeout=header_timeout, body_timeout=body_timeout,
+                      max_connections_per_client=max_connections_per_client)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
@@ -91,7 +122,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
         app = create_app(Server(eng, make_sandbox(list(sandbox_urls), config=config), cfg))
         pool = f" x {len(urls) or replicas} ({replica_policy})" if len(urls) > 1 or replicas > 1 else ""
         click.echo(f"rstar2 serve: {cfg.model_name} on {kind}{pool}, http://{host}:{port}/v1", err=True)
-        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+        await uvicorn.Server(uvicorn_config(app, host, port, cfg)).serve()
 
     asyncio.run(main())
 

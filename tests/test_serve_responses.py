@@ -266,6 +266,7 @@ async def test_containers_expire_and_are_capped(sandbox):
     boxes = Containers(sandbox, cap=1, idle_timeout=0.3)
     first = await boxes.new()
     assert (await boxes.run(first, "x = 1", "", 5)).ok and (await sandbox.stats())["sessions"] == before + 1
+    boxes.release(first, reap=False)  # its request ended
     second = await boxes.new()  # the cap: the idle first one is closed
     with pytest.raises(Exception, match="No open container"):
         boxes.find(first.id, "tools[0].container")
