@@ -87,6 +87,7 @@ class ServeConfig:
     header_timeout: float = 10.0  # seconds a connection has to send a request's headers
     body_timeout: float = 60.0  # seconds a request has to send its body, once its headers are in
     max_connections_per_client: int = 256  # connections open at once from one address
+    forwarded_allow_ips: str | None = None  # proxies whose X-Forwarded-For names the client (None: none is trusted)
     stall_timeout: float | None = 300.0  # a request with no new token for this long is aborted (None: never)
     separate_reasoning: bool = True  # reasoning_content apart from content (a request's separate_reasoning wins)
     # tool_choice "required"/named: tokens of free text (reasoning) allowed before the forced call; 0, as vLLM: the

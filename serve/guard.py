@@ -2,8 +2,9 @@
 body deadlines, connections per address), the request body limit, the constant-time key check, the route label of a
 request, and the per-client budgets (slots of the generation gate, seconds of sandbox time).
 
-A client is its address (`scope["client"]`: behind a reverse proxy on this host, the address uvicorn reads from
-X-Forwarded-For). There is one API key, so one key is one tenant: a per-key budget would be the global one.
+A client is its address (`scope["client"]`; behind a reverse proxy named by `--forwarded-allow-ips`, the address
+the proxy puts in X-Forwarded-For, which no other sender can set). There is one API key, so one key is one tenant: a
+per-key budget would be the global one.
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ def uvicorn_config(app: Any, host: str, port: int, cfg: Any, **kw: Any) -> Any:
     import uvicorn
 
     protocol = guarded_protocol(cfg.header_timeout, cfg.body_timeout, cfg.max_connections_per_client)
+    proxies = cfg.forwarded_allow_ips  # X-Forwarded-For names the client only when a trusted proxy sends it
     return uvicorn.Config(app, host=host, port=port, http=protocol, timeout_keep_alive=5,
-                          h11_max_incomplete_event_size=64 * 1024, **{"log_level": "warning", **kw})
+                          h11_max_incomplete_event_size=64 * 1024, proxy_headers=bool(proxies),
+                          forwarded_allow_ips=proxies, **{"log_level": "warning", **kw})
 
 
 # ---------------------------------------------------------------------------------------------- requests

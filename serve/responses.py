@@ -330,6 +330,7 @@ def failure(response_id: str, e: Exception) -> OpenAIError:
 def add_responses_routes(app: FastAPI, server: Server) -> None:
     """The /v1/responses routes; their containers are swept while the app runs and closed when it stops."""
     responses = Responses(server)
+    app.state.responses = responses  # its store and containers, for /health-like looks from outside
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

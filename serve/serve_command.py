@@ -43,6 +43,8 @@ from rstar2_agent.cli_options import engine_option, replica_options
               help="Seconds a request has to send its body once its headers are in (then 408, closed).")
 @click.option("--max-connections-per-client", type=click.IntRange(1), default=256, show_default=True,
               help="Connections open at once from one address.")
+@click.option("--forwarded-allow-ips", default=None, help="Reverse proxies (comma-separated addresses) whose "
+              "X-Forwarded-For names the client the budgets count; default: none (the peer address counts).")
 @click.option("--max-turns", type=click.IntRange(1), default=30, show_default=True,
               help="The default and the most a request's max_turns may ask for.")
 @click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
@@ -73,9 +75,9 @@ from rstar2_agent.cli_options import engine_option, replica_options
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               public_health, public_metrics, sandbox_urls, sandbox_workers, max_concurrency,
               max_concurrency_per_client, tool_seconds_per_client, max_body_mb, header_timeout, body_timeout,
-              max_connections_per_client, max_turns, max_tokens, tool_timeout, max_tool_timeout, stall_timeout,
-              format_name, raw_reasoning, forced_call_text_tokens, max_containers, container_idle_timeout,
-              max_stored_responses, max_stored_mb, unsafe) -> None:
+              max_connections_per_client, forwarded_allow_ips, max_turns, max_tokens, tool_timeout, max_tool_timeout,
+              stall_timeout, format_name, raw_reasoning, forced_call_text_tokens, max_containers,
+              container_idle_timeout, max_stored_responses, max_stored_mb, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -112,7 +114,8 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
                       public_metrics=public_metrics, max_concurrency_per_client=max_concurrency_per_client,
                       tool_seconds_per_client=tool_seconds_per_client, max_body_mb=max_body_mb,
                       header_timeout=header_timeout, body_timeout=body_timeout,
-                      max_connections_per_client=max_connections_per_client)
+                      max_connections_per_client=max_connections_per_client,
+                      forwarded_allow_ips=forwarded_allow_ips)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
