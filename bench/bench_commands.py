@@ -156,6 +156,37 @@ def serve_bench_cmd(model, max_tokens, requests, rounds, request_timeout) -> Non
                   f"(median over {n} requests)")
 
 
+@bench_group.command("serve-abuse")
+@click.option("--seconds", type=click.FloatRange(min=2), default=20.0, show_default=True,
+              help="Length of each window (a quiet one, then the attack's).")
+@click.option("--attack", "attacks", multiple=True, type=click.Choice(["body", "sleepers", "slow", "all"]),
+              default=("body", "sleepers", "slow", "all"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the rows here.")
+def serve_abuse_cmd(seconds, attacks, json_path) -> None:
+    """Another client's latency (p50/p99) while one client sends 50 MB bodies, 64 sleeping tool calls or 2,000 slow
+    connections, against a quiet window of the same length (rstar2 serve's app with a scripted engine)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .serve_abuse import run_bench
+
+    console = Console()
+    with console.status(f"rstar2 serve (scripted engine), then a quiet and an attacked {seconds:g} s window per "
+                        "attack ..."):
+        rows = run_bench(seconds, tuple(attacks))
+    table = Table(title="another client's latency while one client abuses rstar2 serve (ms)")
+    for col in ("window", "chat p50", "chat p99", "/health p50", "/health p99", "requests", "errors", "attacker"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.scenario, f"{r.chat_p50_ms:.0f}", f"{r.chat_p99_ms:.0f}", f"{r.health_p50_ms:.0f}",
+                      f"{r.health_p99_ms:.0f}", str(r.requests), str(r.errors),
+                      ", ".join(f"{k} {v}" for k, v in sorted(r.attacker.items())))
+    console.print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in rows], f, indent=2)
+
+
 @bench_group.command("tool-stream")
 @click.option("--model", default=None, help="Default: the embedded smollm2-135m.")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
