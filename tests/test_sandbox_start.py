@@ -17,7 +17,7 @@ from conftest import ROOT
 HOST = """
 import asyncio, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-from rstar2_agent.sandbox.isolation import needs_process_cap
+from rstar2_agent.sandbox.isolation import uses_cgroups
 from rstar2_agent.sandbox.types import Limits
 from rstar2_agent.sandbox.worker import Worker
 
@@ -42,8 +42,8 @@ async def main():
     started = time.monotonic() - t0
     r = await w.call("print(6 * 7)", "", 5)
     in_cap = None
-    if w.cap is not None and w.cap.path is not None:  # root: the worker's processes live in their pids cgroup
-        in_cap = str(w.pid) in (w.cap.path / "cgroup.procs").read_text().split()
+    if w.cgroup is not None and w.cgroup.procs:  # root: the worker's processes live in their cgroups
+        in_cap = all(str(w.pid) in p.read_text().split() for p in w.cgroup.procs)
     await w.close()
     # The control: the old start's way, Python between fork and exec (a preexec_fn), hangs in this host
     # (Popen waits for the exec that never comes).
@@ -52,7 +52,7 @@ async def main():
                                daemon=True)
     control.start()
     control.join(3)
-    print(f"started {started:.2f} output {r.stdout.strip()} cap {needs_process_cap()} in_cap {in_cap} "
+    print(f"started {started:.2f} output {r.stdout.strip()} cap {uses_cgroups()} in_cap {in_cap} "
           f"control_hung {control.is_alive()}", flush=True)
     for pid in os.listdir("/proc"):  # the hung child
         try:

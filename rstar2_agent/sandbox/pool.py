@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .isolation import check_isolation
+from .isolation import check_isolation, sandbox_user
 from .templates import DEFAULT_TEMPLATES, TemplateRouter
 from .types import ExecResult, Limits, Sandbox, SandboxError, Status, unknown_session
 from .worker import NotDelivered, Worker, WorkerDied, died_result
@@ -32,6 +32,11 @@ class SandboxConfig:
     max_sessions: int = 32
     session_idle_timeout: float = 900.0
     bwrap: str | None = None  # path to bwrap; default: found on PATH
+    # When the server is root, workers drop to this unprivileged uid/gid before bubblewrap starts, so sandboxed
+    # code is never host uid 0 (65534 is `nobody`; a dedicated id owned by nothing else is better)
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
+    cgroups: bool = True  # a cgroup per worker (memory, pids, cpu) where writable; False: the rlimit fallback
 
 
 @dataclass
@@ -60,7 +65,7 @@ class LocalSandbox(Sandbox):
     async def start(self) -> None:
         cfg = self.config
         if cfg.isolation:
-            problem = check_isolation(cfg.bwrap)
+            problem = check_isolation(cfg.bwrap, self._user())
             if problem:
                 raise SandboxError(problem)
         else:
@@ -80,6 +85,11 @@ class LocalSandbox(Sandbox):
             if errors:
                 await asyncio.gather(*(w.close() for w in workers))
                 raise SandboxError(f"could not start the sandbox workers (twice): {errors[0]}")
+        root_run = [w for w in workers if cfg.isolation and w.host_uid() == 0]
+        if root_run:
+            await asyncio.gather(*(w.close() for w in workers))
+            raise SandboxError("a sandbox worker runs as host uid 0: refusing to run untrusted code as root. Check "
+                               "`rstar2 sandbox check`; only where that is acceptable pass --unsafe-no-isolation.")
         for w in workers:
             self._workers.append(w)
             self._idle[w.preload].put_nowait(w)
@@ -96,10 +106,15 @@ class LocalSandbox(Sandbox):
         await asyncio.gather(*(w.close() for w in self._workers + sessions), return_exceptions=True)
         self._workers.clear()
 
+    def _user(self) -> tuple[int, int] | None:
+        cfg = self.config
+        return sandbox_user(cfg.sandbox_uid, cfg.sandbox_gid) if cfg.isolation else None
+
     def _new_worker(self, mode: str, preload: tuple[str, ...] | None = None) -> Worker:
         cfg = self.config
         preload = self.router.largest if preload is None else preload
-        return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=preload, bwrap=cfg.bwrap)
+        return Worker(mode, cfg.limits, isolation=cfg.isolation, preload=preload, bwrap=cfg.bwrap,
+                      user=self._user(), cgroups=cfg.cgroups)
 
     # ------------------------------------------------------------ stateless calls
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:

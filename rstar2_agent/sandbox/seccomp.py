@@ -2,7 +2,9 @@
 
 It refuses (EPERM) the system calls a Python program has no use for and that widen the kernel attack
 surface: tracing other processes, mounting, namespaces, kernel modules and keyrings, bpf, perf, io_uring,
-userfaultfd. Everything else is allowed; the namespaces and rlimits do the rest. Built by hand (no
+userfaultfd, POSIX message queues (they outlive a call, and no folder lists them for the runner to wipe).
+Where no memory cgroup counts them, SysV shared memory and message queues are refused too (`sysv=False`):
+rlimits cannot bound them. Everything else is allowed; the namespaces and rlimits do the rest. Built by hand (no
 libseccomp needed); only x86_64 and aarch64 are known, elsewhere the sandbox runs without it.
 """
 
@@ -25,8 +27,9 @@ BLOCKED: dict[str, tuple[int, int]] = {
     "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
     "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264),
-    "personality": (135, 92), "fanotify_init": (300, 262), "kcmp": (312, 272),
+    "personality": (135, 92), "fanotify_init": (300, 262), "kcmp": (312, 272), "mq_open": (240, 180),
 }
+SYSV: dict[str, tuple[int, int]] = {"shmget": (29, 194), "msgget": (68, 186)}
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
 
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
@@ -38,8 +41,9 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str | None = None) -> bytes | None:
-    """The BPF program for this machine's architecture, or None where we do not know its syscall numbers."""
+def build_filter(machine: str | None = None, *, sysv: bool = True) -> bytes | None:
+    """The BPF program for this machine's architecture, or None where we do not know its syscall numbers.
+    `sysv=False` also refuses creating SysV shared memory segments and message queues."""
     machine = machine or platform.machine()
     if machine not in ARCHES:
         return None
@@ -53,7 +57,8 @@ def build_filter(machine: str | None = None) -> bytes | None:
     ]
     if machine == "x86_64":
         prog += [_insn(_JGE_K, 0, 1, _X32_BIT), deny]  # the x32 ABI
-    for nr in sorted({v[column] for v in BLOCKED.values()}):
+    blocked = {**BLOCKED, **({} if sysv else SYSV)}
+    for nr in sorted({v[column] for v in blocked.values()}):
         prog += [_insn(_JEQ_K, 0, 1, nr), deny]
     prog.append(_insn(_RET_K, 0, 0, _RET_ALLOW))
     return b"".join(prog)

@@ -30,12 +30,16 @@ class Limits:
 
     wall_seconds: float = 10.0
     cpu_seconds: float | None = 10.0
-    memory_bytes: int = 4 << 30  # address space; numpy and sympy already map about 1 GiB
+    # address space of each process, and (where cgroups are writable) all the worker holds together: its
+    # processes, /tmp, /dev/shm and SysV segments; numpy and sympy already map about 1 GiB
+    memory_bytes: int = 4 << 30
     max_output_bytes: int = 1 << 20  # per stream; the rest is dropped and `truncated` is set
     file_size_bytes: int = 64 << 20  # any one file written, stdout included
     max_processes: int = 64
     max_open_files: int = 256
-    scratch_bytes: int = 256 << 20  # the private /tmp (bwrap tmpfs)
+    scratch_bytes: int = 256 << 20  # the private /tmp and /dev/shm, each (bwrap tmpfs)
+    cpus: float | None = 1.0  # CPUs a worker may use at once (cgroup cpu quota, where cgroups are writable)
+    session_cpu_seconds: float | None = 600.0  # CPU time of a sandbox session's kernel in total (RLIMIT_CPU)
 
     def for_call(self, timeout: float | None) -> dict[str, Any]:
         d = asdict(self)

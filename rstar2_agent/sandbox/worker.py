@@ -12,17 +12,22 @@ import signal
 import struct
 from typing import Any
 
-from .isolation import ProcessCap, build_launch, needs_process_cap
+from .isolation import WorkerCgroup, build_launch, uses_cgroups
 from .types import ExecResult, Limits, Status
 
 log = logging.getLogger(__name__)
 _HDR = struct.Struct(">I")
 _ids = itertools.count()
 GRACE_SECONDS = 5.0  # how long past the call's own timeout before the host gives up on the runner
+MAX_FRAME = 1 << 16  # a control frame from the runner is small (the output follows it, capped on its own)
 
 
 class WorkerDied(RuntimeError):
     pass
+
+
+class FrameRefused(WorkerDied):
+    """The runner sent more than the protocol allows (a forged frame): refused unread, the worker restarted."""
 
 
 class NotDelivered(WorkerDied):
@@ -33,13 +38,17 @@ class Worker:
     """Owns one runner process. Not safe for concurrent calls: the pool hands it to one call at a time."""
 
     def __init__(self, mode: str, limits: Limits, *, isolation: bool, preload: tuple[str, ...],
-                 bwrap: str | None = None, startup_timeout: float = 120.0):
+                 bwrap: str | None = None, startup_timeout: float = 120.0, user: tuple[int, int] | None = None,
+                 cgroups: bool = True):
         self.mode, self.limits, self.isolation, self.preload = mode, limits, isolation, preload
         self.bwrap, self.startup_timeout = bwrap, startup_timeout
+        self.user = user  # the unprivileged (uid, gid) the worker drops to (the host is root), else None
+        self.use_cgroups = cgroups
         self.name = f"{mode}-{os.getpid()}-{next(_ids)}"
         self.proc: asyncio.subprocess.Process | None = None
-        self.cap: ProcessCap | None = None
+        self.cgroup: WorkerCgroup | None = None
         self.host_scratch: str | None = None
+        self.stage: str | None = None
         self._stderr_task: asyncio.Task | None = None
         self._stderr_tail = b""
         self.broken = False  # set once the channel failed, before the process is reaped
@@ -53,13 +62,16 @@ class Worker:
         return self.proc.pid if self.proc else None
 
     async def start(self) -> None:
-        launch = build_launch(self.mode, isolation=self.isolation, scratch_bytes=self.limits.scratch_bytes,
-                              preload=self.preload, bwrap=self.bwrap)
-        self.host_scratch = launch.host_scratch
+        lim = self.limits
+        if self.use_cgroups and uses_cgroups():
+            self.cgroup = WorkerCgroup(self.name, max_pids=lim.max_processes + 8, memory_bytes=lim.memory_bytes,
+                                       cpus=lim.cpus)
+        memory_counted = self.cgroup is not None and "memory" in self.cgroup.enforced
+        launch = build_launch(self.mode, isolation=self.isolation, scratch_bytes=lim.scratch_bytes,
+                              preload=self.preload, bwrap=self.bwrap, user=self.user, cgroup=self.cgroup,
+                              sysv=memory_counted)
+        self.host_scratch, self.stage = launch.host_scratch, launch.stage
         argv = launch.argv
-        if needs_process_cap():
-            self.cap = ProcessCap(self.name, self.limits.max_processes + 8)
-            argv = self.cap.wrap(argv)
         try:
             # No preexec_fn: Python code between fork and exec in this multi-threaded process (engine threads,
             # uvicorn) runs every library's at-fork handler in the child, and one that waits on a lock another
@@ -88,8 +100,10 @@ class Worker:
         if not self.alive:
             raise NotDelivered("worker is not running")
         limits = self.limits.for_call(timeout)
-        await self._write({"op": "run", "code": code, "stdin": stdin, "limits": limits})
-        reply = asyncio.ensure_future(self._reply())
+        ooms = self.cgroup.oom_kills() if self.cgroup else None
+        body = [code.encode("utf-8", "surrogatepass"), stdin.encode("utf-8", "surrogatepass")]
+        await self._write({"op": "run", "limits": limits, "lengths": [len(b) for b in body]}, *body)
+        reply = asyncio.ensure_future(self._reply(int(limits["max_output_bytes"])))
         try:
             resp = await asyncio.wait_for(asyncio.shield(reply), limits["wall_seconds"] + GRACE_SECONDS)
         except asyncio.CancelledError:
@@ -99,19 +113,38 @@ class Worker:
             reply.cancel()
             await self.kill()
             raise WorkerDied("the sandbox worker stopped answering and was restarted") from None
+        except FrameRefused:
+            await self.kill()
+            raise
+        if ooms is not None and resp["status"] == "killed" and (self.cgroup.oom_kills() or 0) > ooms:
+            resp["status"] = "memory"
+            resp["stderr"] = _with_note(resp["stderr"], f"MemoryError: the sandbox ran out of its memory limit "
+                                        f"({self.limits.memory_bytes >> 20} MiB for everything it holds: its "
+                                        "processes, /tmp, /dev/shm and shared memory) and the program was killed")
         return ExecResult.from_dict({**resp, "backend": self.name})
 
-    async def _reply(self) -> dict[str, Any]:
+    async def _reply(self, cap: int) -> dict[str, Any]:
         """The runner's receipt, then its result. Gone before the receipt: the program never started, so the
         caller may run it elsewhere (NotDelivered); gone after it: the call died with the worker."""
         try:
             receipt = await self._read()
+        except FrameRefused:
+            raise
         except WorkerDied as e:
             raise NotDelivered(f"the runner exited before it read the program ({e})") from e
         if receipt.get("op") != "started":
             self.broken = True
             raise WorkerDied(f"the sandbox runner sent {receipt!r} instead of its receipt")
-        return await self._read()
+        head = await self._read()
+        lengths = head.pop("lengths", None)
+        if (head.pop("op", None) != "result" or not isinstance(lengths, list) or len(lengths) != 2
+                or not all(type(n) is int and 0 <= n <= cap for n in lengths)):
+            self.broken = True
+            raise FrameRefused(f"the sandbox runner sent a result with outputs of {lengths!r} bytes, past the "
+                               f"{cap:,}-byte cap of each stream: refused unread, and the worker is restarted")
+        note = str(head.pop("note", "") or "")
+        out, err = [(await self._read_exactly(n)).decode("utf-8", "replace") for n in lengths]
+        return {**head, "stdout": out, "stderr": _with_note(err, note)}
 
     async def _abort_after_cancel(self, reply: asyncio.Future) -> None:
         """The caller went away mid-call: tell the runner to kill the program, and consume its answer."""
@@ -125,25 +158,54 @@ class Worker:
         except (Exception, asyncio.CancelledError):  # noqa: BLE001
             await self.kill()
 
-    async def _write(self, obj: dict[str, Any]) -> None:
+    async def _write(self, obj: dict[str, Any], *payload: bytes) -> None:
         assert self.proc and self.proc.stdin
         body = json.dumps(obj).encode()
         try:
             self.proc.stdin.write(_HDR.pack(len(body)) + body)
+            for data in payload:
+                self.proc.stdin.write(data)
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as e:
             self.broken = True
             raise NotDelivered(f"worker pipe closed: {e}") from e
 
     async def _read(self) -> dict[str, Any]:
+        """One control frame, refused unread when it claims more than MAX_FRAME bytes."""
+        size = _HDR.unpack(await self._read_exactly(_HDR.size))[0]
+        if size > MAX_FRAME:
+            self.broken = True
+            raise FrameRefused(f"the sandbox runner sent a frame of {size:,} bytes, past the {MAX_FRAME:,}-byte "
+                               "limit of a control frame: refused unread, and the worker is restarted")
+        try:
+            obj = json.loads(await self._read_exactly(size))
+        except ValueError as e:
+            self.broken = True
+            raise FrameRefused(f"the sandbox runner sent a frame that is not JSON ({e})") from e
+        if not isinstance(obj, dict):
+            self.broken = True
+            raise FrameRefused(f"the sandbox runner sent {type(obj).__name__} instead of an object")
+        return obj
+
+    async def _read_exactly(self, n: int) -> bytes:
         assert self.proc and self.proc.stdout
         try:
-            head = await self.proc.stdout.readexactly(_HDR.size)
-            body = await self.proc.stdout.readexactly(_HDR.unpack(head)[0])
+            return await self.proc.stdout.readexactly(n)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             self.broken = True
             raise WorkerDied("the sandbox worker process exited") from e
-        return json.loads(body)
+
+    def host_uid(self) -> int | None:
+        """The host uid the worker's processes run as (read from /proc), None when it is not running."""
+        if self.proc is None:
+            return None
+        try:
+            for line in open(f"/proc/{self.proc.pid}/status"):
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])  # the effective uid
+        except OSError:
+            return None
+        return None
 
     async def _drain_stderr(self) -> None:
         assert self.proc and self.proc.stderr
@@ -182,11 +244,20 @@ class Worker:
                 await self.proc.wait()
         if self._stderr_task is not None:
             self._stderr_task.cancel()
-        if self.cap is not None:
-            self.cap.remove()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.stage:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
         if self.host_scratch:
             shutil.rmtree(self.host_scratch, ignore_errors=True)
             self.host_scratch = None
+
+
+def _with_note(stderr: str, note: str) -> str:
+    if not note:
+        return stderr
+    return (stderr + ("\n" if stderr and not stderr.endswith("\n") else "") + note).lstrip("\n")
 
 
 def died_result(worker: Worker, message: str) -> ExecResult:
