@@ -578,6 +578,7 @@ class SessionRunner:
         cap = int(lim.get("max_output_bytes", 1 << 20))
         out_fd, err_fd = _memfd("stdout"), _memfd("stderr")
         t0 = time.monotonic()
+        self._drain()
         socket.send_fds(self.sock, [json.dumps(lim).encode()], [code_fd, in_fd, out_fd, err_fd])
         report = self._wait(float(lim["wall_seconds"]) + KERNEL_GRACE)
         duration = time.monotonic() - t0
@@ -594,6 +595,18 @@ class SessionRunner:
             "truncated": bool(over or dropped),
         }, bodies
 
+    def _drain(self) -> None:
+        """Drop what a program wrote to the kernel's socket itself (it holds it): a stale report would answer the
+        next cell."""
+        while True:
+            try:
+                if not self.sock.recv(STATUS.size + 1, socket.MSG_DONTWAIT):
+                    return
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+
     def _wait(self, timeout: float) -> tuple[str | None, int | None, int]:
         """The kernel's report of the cell. A kernel that died, hung past its own timer, or a host that went
         away ends the session: everything is killed and the runner exits (the host replaces the session)."""
@@ -604,11 +617,12 @@ class SessionRunner:
                 self._end()
             ready, _, _ = select.select([self.sock, self.pidfd, self.ctrl_in], [], [], left)
             if self.sock in ready:
-                data = self.sock.recv(STATUS.size)
+                data = self.sock.recv(STATUS.size + 1)
                 if len(data) == STATUS.size:
                     index, exit_code, dropped = STATUS.unpack(data)
                     return (STATUSES[index] if index < len(STATUSES) else "error"), exit_code, max(0, dropped)
-                self._end()
+                if not data:
+                    self._end()
             if self.pidfd in ready or self.ctrl_in in ready:
                 self._end()
 
@@ -679,6 +693,7 @@ def _kernel(sock: socket.socket, scratch: str) -> None:
     limits_set = False
     while True:
         try:
+            sock.setblocking(True)  # the last cell's program may have changed it (it holds the socket)
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
         except OSError:
             os._exit(1)
@@ -709,6 +724,7 @@ def _kernel(sock: socket.socket, scratch: str) -> None:
             signal.setitimer(signal.ITIMER_REAL, 0)
         del source
         try:
+            sock.setblocking(True)
             sock.send(_report(result, out.raw.dropped + err.raw.dropped))
         except OSError:
             os._exit(1)
