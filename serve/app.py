@@ -418,7 +418,7 @@ class Guard:
                 return await refuse(too_large)
             if body is None:  # the client went away
                 return
-            if too_deep(body):
+            if await self.server.off_loop(too_deep, body) if len(body) > 2**20 else too_deep(body):
                 return await refuse(OpenAIError(400, "The request body nests JSON arrays and objects more than "
                                                      f"{MAX_JSON_DEPTH} deep; flatten it.", code="invalid_json"))
             budgets = self.server.budgets

@@ -14,21 +14,18 @@ import contextlib
 import hashlib
 import hmac
 import math
-import re
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from starlette.routing import Match
 
 current_client: ContextVar[str] = ContextVar("current_client", default="-")  # the request's client (its address)
 MAX_JSON_DEPTH = 64  # nesting of a request body (a chat request is 6 deep; a tool's JSON Schema a few more)
 UNMATCHED = "<unmatched>"  # the one metrics label of every path that is not a route
-_PAIR = re.compile(rb"\[\]|\{\}")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 # ---------------------------------------------------------------------------------------------- connections
@@ -160,17 +157,26 @@ def replay(body: bytes, receive: Any) -> Any:
 
 
 def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether JSON `body` nests arrays and objects more than `limit` deep, counted without parsing (no recursion:
-    Python's parser and the checks after it recurse, and ~1,000 levels raise RecursionError): strings out, then
-    only the brackets, then one innermost pair of each kind peeled off per pass."""
+    """Whether JSON `body` nests arrays and objects more than `limit` deep, counted without parsing (Python's parser
+    and the checks after it recurse: ~1,000 levels raise RecursionError) and in time linear in its length, whatever
+    it holds: quotes not escaped by an odd run of backslashes open and close strings; the brackets outside strings
+    count up and down."""
     if body.count(b"[") + body.count(b"{") <= limit:
         return False
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKET)
-    for _ in range(limit):
-        brackets = _PAIR.sub(b"", brackets)
-        if not brackets:
-            return False
-    return bool(brackets)
+    a = np.frombuffer(body, np.uint8)
+    quotes, slashes = np.flatnonzero(a == 0x22), np.flatnonzero(a == 0x5C)
+    if len(quotes) and len(slashes):  # a quote right after an odd run of backslashes is escaped
+        run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
+        k = np.minimum(np.searchsorted(slashes, quotes - 1), len(slashes) - 1)
+        start = run_starts[np.maximum(np.searchsorted(run_starts, quotes - 1, side="right") - 1, 0)]
+        run = np.where(slashes[k] == quotes - 1, quotes - start, 0)
+        quotes = quotes[run % 2 == 0]
+    opens, closes = np.flatnonzero((a == 0x5B) | (a == 0x7B)), np.flatnonzero((a == 0x5D) | (a == 0x7D))
+    if len(quotes):  # outside strings: an even number of quotes before
+        opens, closes = opens[np.searchsorted(quotes, opens) % 2 == 0], closes[np.searchsorted(quotes, closes) % 2 == 0]
+    step = np.zeros(len(a), np.int8)
+    step[opens], step[closes] = 1, -1
+    return bool(np.cumsum(step, dtype=np.int32).max() > limit)
 
 
 def key_digest(key: str) -> bytes:
@@ -222,12 +228,25 @@ class Budgets:
     def __init__(self, slots: int, tool_seconds: float):
         self.slots, self.tool_seconds = slots, tool_seconds
         self.clients: dict[str, Client] = {}
+        self.prune_at = 1024
 
     def _client(self, name: str) -> Client:
         c = self.clients.get(name)
         if c is None:
+            if len(self.clients) >= self.prune_at:
+                self._prune()
             c = self.clients[name] = Client(asyncio.Semaphore(self.slots), self.tool_seconds)
         return c
+
+    def _prune(self) -> None:
+        """Forget the clients with nothing running whose budget is full again (a scan from many addresses leaves
+        no record behind); the next prune when twice as many are kept."""
+        now = time.monotonic()
+        for name, c in list(self.clients.items()):
+            if c.users == 0 and (not self.tool_seconds or c.tool_seconds + (now - c.refilled) * self.tool_seconds
+                                 / 60.0 >= self.tool_seconds):
+                del self.clients[name]
+        self.prune_at = max(1024, 2 * len(self.clients))
 
     @contextlib.asynccontextmanager
     async def slot(self, gate: asyncio.Semaphore, name: str | None = None) -> AsyncIterator[None]:
