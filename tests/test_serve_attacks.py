@@ -465,8 +465,23 @@ async def test_malformed_items_and_deeply_nested_json_are_4xx(smol_tokenizer, sa
             assert r.status_code < 500, f"{path} {json.dumps(body)[:300]} -> {r.status_code} {r.text[:300]}"
             if r.status_code >= 400:
                 assert "error" in r.json() and r.json()["error"]["message"], r.text
-    assert not too_deep(json.dumps(good_response).encode()) and too_deep(b"[" * 65 + b"]" * 65)
-    assert not too_deep(b'["' + b"[" * 200 + b'"]')  # brackets inside strings do not nest
+
+
+def test_json_depth_is_counted_outside_strings_in_linear_time():
+    def nest(depth: int, rng: random.Random):
+        if depth == 0:
+            return rng.choice(['a\\"[{', "\\", 1, "x"])  # quotes, backslashes and brackets inside strings
+        return [nest(depth - 1, rng)] if rng.random() < 0.5 else {'k\\"[': nest(depth - 1, rng)}
+
+    rng = random.Random(48)
+    for _ in range(200):
+        depth = rng.randint(55, 75)
+        body = json.dumps({"pad": "[{" * rng.randint(0, 40), "v": nest(depth, rng)}).encode()
+        assert too_deep(body) == (depth + 1 > 64), depth
+    assert too_deep(b"[" * 65 + b"]" * 65) and not too_deep(b"[" * 64 + b"]" * 64)
+    t0 = time.monotonic()
+    assert too_deep(b"[" * 2**23) and not too_deep(b'{"a": "' + b'\\"[' * 2**21 + b'"}')
+    assert time.monotonic() - t0 < 5  # 8 MiB bodies, any content: no quadratic scan
 
 
 # ---------------------------------------------------------------------------------------------- auth, logs
