@@ -271,6 +271,7 @@ async def test_containers_expire_and_are_capped(sandbox):
     with pytest.raises(Exception, match="No open container"):
         boxes.find(first.id, "tools[0].container")
     assert (await boxes.run(second, "print('x' in globals())", "", 5)).stdout == "False\n"
+    boxes.release(second, reap=False)
     await asyncio.sleep(0.4)
     await boxes.sweep()
     assert boxes.open == {} and (await sandbox.stats())["sessions"] == before
