@@ -78,7 +78,9 @@ class ServeConfig:
     tool_timeout: float = 10.0  # a call's default wall-time limit
     max_tool_timeout: float = 60.0  # the most a request's tool_timeout may ask for
     max_concurrency: int = 64
-    max_concurrency_per_client: int | None = None  # slots of max_concurrency one client holds at once (None: 1/4)
+    # slots of max_concurrency one client's tool loops hold at once (None: a quarter); plain generations (client
+    # tools, completions) hold a slot only while the engine works on them and take any free one
+    max_concurrency_per_client: int | None = None
     tool_seconds_per_client: float = 600.0  # sandbox wall seconds a client may spend a minute (0: no budget)
     api_key: str | None = None
     public_health: bool = False  # /health answers without the key (when there is one)
@@ -192,6 +194,7 @@ class Server:
                        sandbox: Sandbox | None = None) -> Trajectory:
         """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container)."""
         budgeted = Budgeted(sandbox or self.sandbox, self.budgets, current_client.get())
+        # the loop holds its slot through its sandbox time too: one client holds at most its share of the slots
         async with self.budgets.slot(self.gate):
             traj = await run_agent(req.messages, self.engine, budgeted, self.format_for(req),
                                    self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
@@ -241,7 +244,7 @@ class Server:
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
                                                  self.engine.context_length - len(prompt)),
                                  stop_token_ids=fmt.stop_token_ids, constraint=constraint)
-        async with self.budgets.slot(self.gate):
+        async with self.gate:  # a generation holds its slot only while the engine works on it: no per-client share
             gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
             decoder.flush()
@@ -673,7 +676,7 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
 async def _complete(server: Server, req: CompletionRequest, prompt: list[int], index: int, on_tokens=None):
     budget = min(req.max_tokens or 16, server.engine.context_length - len(prompt))
     sampling = server.sampling(req, index, budget, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
-    async with server.budgets.slot(server.gate):
+    async with server.gate:
         gen = await server.engine.generate(prompt, sampling, on_tokens)
     server.metrics.tokens.labels("prompt").inc(len(prompt))
     server.metrics.tokens.labels("completion").inc(len(gen.token_ids))

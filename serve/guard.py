@@ -221,9 +221,10 @@ class Client:
 
 
 class Budgets:
-    """Per-client shares: at most `slots` of the server's generation gate at once (the rest wait on their own
-    client's queue, not on the gate), and `tool_seconds` of sandbox wall time a minute (a token bucket: a call is
-    charged what it took; a client past its budget gets 429 for new requests and a refused tool call)."""
+    """Per-client shares: at most `slots` of the server's generation gate held by a client's tool loops at once (the
+    rest wait on their own client's queue, not on the gate), and `tool_seconds` of sandbox wall time a minute (a
+    token bucket: a call is charged what it took; a client past its budget gets 429 for new requests and a refused
+    tool call)."""
 
     def __init__(self, slots: int, tool_seconds: float):
         self.slots, self.tool_seconds = slots, tool_seconds

@@ -30,8 +30,8 @@ from rstar2_agent.cli_options import engine_option, replica_options
 @click.option("--sandbox-workers", type=click.IntRange(1), default=None, help="Local pool workers per template.")
 @click.option("--max-concurrency", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--max-concurrency-per-client", type=click.IntRange(1), default=None,
-              help="Slots of --max-concurrency one client (address) holds at once; its other requests wait their "
-              "turn. Default: a quarter.")
+              help="Slots of --max-concurrency one client's (address's) tool loops hold at once; its others wait "
+              "their turn. Default: a quarter.")
 @click.option("--tool-seconds-per-client", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Sandbox wall seconds one client may spend a minute (past it: 429, and calls refused); 0: no "
               "budget.")
