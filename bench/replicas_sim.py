@@ -346,7 +346,7 @@ def recorded(n: int, seed: int = 0, db: str | None = None) -> list[Rollout]:
         if not shapes:
             raise ValueError(f"the store {db} has no trajectories; run an eval first, or use --workload longtail")
     else:
-        from rstar2_agent.engines.recorded_sample import SMOLLM2_SAMPLE
+        from .recorded_sample import SMOLLM2_SAMPLE
 
         shapes = [Rollout(p, list(t), list(i), list(s)) for p, t, i, s in SMOLLM2_SAMPLE]
     rng = random.Random(seed)

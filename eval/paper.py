@@ -83,7 +83,7 @@ def problem_interval(per_problem: Sequence[float]) -> Interval | None:
 def bfcl_interval(samples: Sequence[Sample], reps: int = 2000, seed: int = 0) -> Interval | None:
     """A percentile bootstrap of BFCL v3's overall: items resampled within each category, weighted as BFCL does.
     None when a category has fewer than 2 items (its spread cannot be measured)."""
-    from rstar2_agent.grading.bfcl import category_weights
+    from rstar2_agent.eval.benchmarks.bfcl_v3.data import category_weights
 
     per_item: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for s in samples:

@@ -72,7 +72,7 @@ def bfcl_category(problem_id: str) -> str:
 
 def bfcl_scores(samples: list[Sample]) -> dict[str, Any]:
     """Per-category accuracy (mean over samples) and BFCL v3's summary scores (its own weighting)."""
-    from rstar2_agent.grading import bfcl
+    from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl
 
     by_cat: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:

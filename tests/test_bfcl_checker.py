@@ -15,9 +15,9 @@ pytest.importorskip("bfcl_eval")
 
 from rstar2_agent.eval.benchmarks.base import Context  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3, continuation, tool_schema, tools_for  # noqa: E402
-from rstar2_agent.grading import bfcl  # noqa: E402
-from rstar2_agent.grading.bfcl_ast import standardize  # noqa: E402
-from rstar2_agent.grading.bfcl_multi_turn import Call, World, parse_call  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import standardize  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.multi_turn import Call, World, parse_call  # noqa: E402
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn  # noqa: E402
 
 from conftest import ScriptedEngine  # noqa: E402

@@ -16,11 +16,7 @@ import pytest
 from fastapi import FastAPI, HTTPException
 
 from rstar2_agent.eval.benchmarks import JudgeSpec, get_benchmark, get_benchmarks
-from rstar2_agent.eval.harness import Source, evaluate
-from rstar2_agent.eval.paper import paper_row
-from rstar2_agent.eval.report import load, write_outputs
-from rstar2_agent.eval.runner import EvalConfig
-from rstar2_agent.grading.arena import (
+from rstar2_agent.eval.benchmarks.arena_hard.verdict import (
     CONTINUE,
     JUDGE_SYSTEM,
     LABELS,
@@ -29,6 +25,10 @@ from rstar2_agent.grading.arena import (
     parse_verdict,
     prompt_battles,
 )
+from rstar2_agent.eval.harness import Source, evaluate
+from rstar2_agent.eval.paper import paper_row
+from rstar2_agent.eval.report import load, write_outputs
+from rstar2_agent.eval.runner import EvalConfig
 from rstar2_agent.store import Store
 
 from conftest import until, uvicorn_app

@@ -11,11 +11,11 @@ import pytest
 from fastapi import FastAPI
 
 from rstar2_agent.eval.benchmarks import get_benchmark
+from rstar2_agent.eval.benchmarks.ifeval.instructions import check, ensure_punkt, final_text, loose_variants
 from rstar2_agent.eval.harness import Source, evaluate
 from rstar2_agent.eval.paper import paper_row
 from rstar2_agent.eval.report import load, write_outputs
 from rstar2_agent.eval.runner import EvalConfig
-from rstar2_agent.grading.ifeval import check, ensure_punkt, final_text, loose_variants
 from rstar2_agent.store import Store
 
 from conftest import uvicorn_app

@@ -120,7 +120,7 @@ def _bfcl_sample(pid: str, correct: bool) -> Sample:
 
 
 def test_bfcl_interval_bootstraps_items_within_categories():
-    from rstar2_agent.grading.bfcl import overall
+    from rstar2_agent.eval.benchmarks.bfcl_v3.data import overall
 
     items = [_bfcl_sample(f"simple_{i}", i % 2 == 0) for i in range(20)]
     items += [_bfcl_sample(f"irrelevance_{i}", i < 15) for i in range(20)]

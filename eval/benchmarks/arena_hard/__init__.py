@@ -1,5 +1,5 @@
 """Arena-Hard-Auto v0.1: 500 hard chat prompts; a judge model compares the model's answer with gpt-4-0314's, twice
-with the positions swapped (rstar2_agent.grading.arena has the judging and the score).
+with the positions swapped (rstar2_agent.eval.benchmarks.arena_hard.verdict has the judging and the score).
 
 The model answers the prompt as the one user turn, no tool, one greedy sample (the paper: the benchmark's own
 prompt, T 0; the benchmark's answers were generated at temperature 0 with up to 4096 tokens). The judged answer is
@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_agent.benchmark_data import DATA_ENV, DataError, data_dirs, hub_rows, read_jsonl
-from rstar2_agent.grading.arena import (
+from rstar2_agent.store import Judgment, Sample
+
+from ..base import REASONING_BUDGET, Benchmark, Context, Outcome, Problem, RunDefaults, sample_seed
+from ..ifeval.instructions import final_text
+from .verdict import (
     BASELINE,
     CONTINUE,
     JUDGE_ATTEMPTS,
@@ -32,10 +36,6 @@ from rstar2_agent.grading.arena import (
     parse_verdict,
     prompt_battles,
 )
-from rstar2_agent.grading.ifeval import final_text
-from rstar2_agent.store import Judgment, Sample
-
-from .base import REASONING_BUDGET, Benchmark, Context, Outcome, Problem, RunDefaults, sample_seed
 
 HUB_ID = "lmarena-ai/arena-hard-auto"
 QUESTIONS = ("arena_hard_v0.1_questions.jsonl", "data/arena-hard-v0.1/question.jsonl")

@@ -7,7 +7,7 @@ types, Java/JavaScript parameters as strings in the language's syntax, dots in n
 underscores (mapped back before checking). Single-turn items are one assistant turn, checked by AST match
 (or by whether a call was made, for relevance/irrelevance); multi-turn items run every user turn as one
 agent call that continues the conversation, its calls executed on the item's stateful APIs, then replayed
-and checked by state and response as BFCL does. Scoring: rstar2_agent/grading/bfcl*.py.
+and checked by state and response as BFCL does. Scoring: data.py, ast_checker.py and multi_turn.py beside this file.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import Any
 
 from rstar2_agent.trajectory import Trajectory, Turn
 
-from .base import REASONING_BUDGET, Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
+from ..base import REASONING_BUDGET, Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
 
 try:
     from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
-    from rstar2_agent.grading import bfcl
-    from rstar2_agent.grading.bfcl_ast import Check
-    from rstar2_agent.grading.bfcl_multi_turn import Call, World
+    from . import data as bfcl
+    from .ast_checker import Check
+    from .multi_turn import Call, World
 except ImportError as e:  # bfcl-eval is not installed: the benchmark says how to get it when it is used
     bfcl = None  # type: ignore[assignment]
     _MISSING = e

@@ -1,6 +1,6 @@
 """BFCL v3 (Berkeley Function Calling Leaderboard): its data, one grading entry point per item kind, and the
 v3 overall score. Data and checkers come from the `bfcl-eval==2025.6.8` package (install it with --no-deps);
-see bfcl_ast.py and bfcl_multi_turn.py for what is imported from it and what is re-implemented.
+see ast_checker.py and multi_turn.py for what is imported from it and what is re-implemented.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .bfcl_ast import Check, check_ast, check_relevance
-from .bfcl_multi_turn import Call, check_multi_turn
+from .ast_checker import Check, check_ast, check_relevance
+from .multi_turn import Call, check_multi_turn
 
 NON_LIVE = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance", "java", "javascript")
 LIVE = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_relevance",

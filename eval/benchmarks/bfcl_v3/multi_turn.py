@@ -26,7 +26,7 @@ from typing import Any
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
 
-from .bfcl_ast import Check
+from .ast_checker import Check
 
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")  # as bfcl_eval refuses them
 DETAIL_CHARS = 2000  # each state difference, as shown in the report

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 from rstar2_agent.benchmark_data import SOURCES
-from rstar2_agent.grading.choice import LETTERS, grade_choice
 
-from .base import PAPER, Benchmark, Context, Outcome, Problem, sample_seed
+from ..base import PAPER, Benchmark, Context, Outcome, Problem, sample_seed
+from .choice import LETTERS, grade_choice
 
 TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter of the correct option, for example \\boxed{{A}}."
 

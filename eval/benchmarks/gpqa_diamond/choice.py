@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ..chat_format import answer_blocks, extract_answer
+from rstar2_agent.chat_format import answer_blocks, extract_answer
 
 LETTERS = "ABCD"
 

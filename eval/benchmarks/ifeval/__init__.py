@@ -3,7 +3,7 @@
 As the paper ran it (section 5.1: the benchmark's own prompt, T 0): the prompt is the one user turn, no tool, one
 greedy sample. The model's format renders it as for any conversation (its system prompt; the rStar2 profiles also
 their user prefix and `<reason>` opening, as the model's own template does), and what is checked is the text the
-model gives the user (rstar2_agent.grading.ifeval.final_text: reasoning removed, an `<answer>` block's content).
+model gives the user (instructions.final_text: reasoning removed, an `<answer>` block's content).
 A sample is correct when it follows every instruction strictly (prompt-level strict, the paper's number); the
 report also gives prompt-level loose and instruction-level strict and loose, overall and per instruction type.
 """
@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from rstar2_agent.grading.ifeval import check, final_text, kwargs_of
 from rstar2_agent.trajectory import Trajectory
 
-from .base import REASONING_BUDGET, Benchmark, BenchmarkSource, Context, Outcome, Problem, RunDefaults, sample_seed
+from ..base import REASONING_BUDGET, Benchmark, BenchmarkSource, Context, Outcome, Problem, RunDefaults, sample_seed
+from .instructions import check, final_text, kwargs_of
 
 SOURCE = BenchmarkSource("ifeval", "google/IFEval", "train", "ifeval.jsonl",
                          ("key", "prompt", "instruction_id_list", "kwargs"), question="prompt")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..models import rstar2_home
+from rstar2_agent.models import rstar2_home
 
 log = logging.getLogger(__name__)
 
