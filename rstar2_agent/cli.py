@@ -11,12 +11,6 @@ from .logs import setup_logging
 from .processes import end_on_sigterm
 from .sandbox.sandbox_commands import sandbox_group
 
-# The old spellings of the benchmarks, before they moved under `rstar2 bench`: (group, command) -> the bench path.
-# They still run, hidden from --help.
-BENCH_ALIASES = {("engines", "bench"): "engines", ("engines", "simulate"): "simulate replicas",
-                 ("sandbox", "bench"): "sandbox", ("serve", "bench"): "serve", ("eval", "bench"): "eval",
-                 ("train", "bench"): "rollout", ("train", "bench-push"): "push", ("train", "simulate"): "simulate step"}
-
 
 class FacesGroup(click.Group):
     """The faces' commands (and the bench floor's) are imported only when one of them runs (or --help lists them):
@@ -38,24 +32,7 @@ class FacesGroup(click.Group):
             command = getattr(importlib.import_module(module), attr)
         else:
             command = super().get_command(ctx, name)
-        if isinstance(command, click.Group):
-            for (group, old), target in BENCH_ALIASES.items():
-                if group == name and old not in command.commands:
-                    command.add_command(bench_alias(target), old)
         return command
-
-
-def bench_alias(path: str) -> click.Command:
-    """`rstar2 bench PATH` under another name, hidden from --help."""
-    import copy
-    import importlib
-
-    command = importlib.import_module("rstar2_agent.bench.bench_commands").bench_group
-    for part in path.split():
-        command = command.commands[part]
-    alias = copy.copy(command)
-    alias.hidden = True
-    return alias
 
 
 @click.group(cls=FacesGroup)
@@ -109,11 +86,6 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
         asyncio.run(chat_loop(opts, sandbox, console))
     except (ModelError, EngineError, SandboxError) as e:
         raise click.ClickException(str(e)) from e
-
-
-@main.group("engines", hidden=True)
-def engines_group() -> None:
-    """Inference engines: their benchmarks are `rstar2 bench engines` and `rstar2 bench simulate replicas`."""
 
 
 if __name__ == "__main__":

@@ -165,21 +165,10 @@ def test_a_run_in_the_store_gives_its_rollouts_to_the_fit(tmp_path):
     assert abs(predict(fit, loaded).error_pct) < 1e-6
 
 
-def test_the_old_spellings_of_the_benchmarks_run_hidden(tmp_path):
-    """`rstar2 train simulate` (and the other spellings before `rstar2 bench`) still run, as hidden aliases that give
-    the same figures as the new spelling."""
-    old, new = tmp_path / "old.json", tmp_path / "new.json"
-    args = ["--shard", "16", "--steps", "3", "--warmup", "1", "--json"]
-    assert CliRunner().invoke(main, ["train", "simulate", *args, str(old)]).exit_code == 0
-    assert CliRunner().invoke(main, ["bench", "simulate", "step", *args, str(new)]).exit_code == 0
-    assert json.loads(old.read_text()) == json.loads(new.read_text())
-    from rstar2_agent.cli import BENCH_ALIASES
-
-    for (group, name), target in BENCH_ALIASES.items():
-        shown = CliRunner().invoke(main, [group, "--help"])
-        listed = [line.split()[0] for line in shown.output.partition("Commands:")[2].splitlines() if line.strip()]
-        assert shown.exit_code == 0 and name not in listed, (group, name)
-        res = CliRunner().invoke(main, [group, name, "--help"])
-        assert res.exit_code == 0, (group, name, res.output)
-        assert res.output == CliRunner().invoke(main, ["bench", *target.split(), "--help"]).output.replace(
-            f" bench {target} ", f" {group} {name} ")
+def test_the_benchmarks_have_one_spelling():
+    """The benchmarks live under `rstar2 bench` only: the spellings of 0.1 (`rstar2 train simulate`, `rstar2 engines
+    bench`, ...) are gone, and say so as click does."""
+    for old in (["train", "simulate"], ["train", "bench-push"], ["serve", "bench"], ["engines", "bench"]):
+        res = CliRunner().invoke(main, [*old, "--help"])
+        assert res.exit_code == 2 and "No such command" in res.output, (old, res.output)
+    assert CliRunner().invoke(main, ["bench", "simulate", "step", "--help"]).exit_code == 0
