@@ -6,15 +6,17 @@ every limit, forged frames on the control channel, processes that outlive their 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import struct
+import subprocess
 import sys
 import time
 import uuid
 
 import pytest
 
-from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig, Status
+from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig, SandboxError, Status
 from rstar2_agent.sandbox.isolation import WorkerCgroup, uses_cgroups
 from rstar2_agent.sandbox.worker import MAX_FRAME, Worker, WorkerDied
 
@@ -416,3 +418,38 @@ async def test_background_processes_of_a_call_are_gone_after_it():
         assert (await sb.run(BACKGROUND)).ok
         r = await sb.run(ALIVE)
         assert r.stdout == "[]\n", r.stdout
+
+
+# ---------------------------------------------------------------- refusing root, and saying what isolation holds
+@ROOT_ONLY
+async def test_the_pool_refuses_to_run_sandboxed_code_as_root():
+    with pytest.raises(SandboxError, match="uid and gid must not be 0"):
+        await _pool(sandbox_uid=0).start()
+
+
+def test_sandbox_check_says_which_isolation_it_got():
+    p = subprocess.run([sys.executable, "-m", "rstar2_agent.cli", "sandbox", "check", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    report = json.loads(p.stdout)
+    assert p.returncode == 0 and report["problems"] == [], (p.stdout, p.stderr[-2000:])
+    assert set(report["own_namespaces"]) == {"user", "pid", "net", "ipc", "uts", "mnt", "cgroup"}
+    assert not report["proc_sys_writable"] and report["proc_sys_read_only_mount"] and report["seccomp"] == "2"
+    if os.geteuid() == 0:
+        assert 0 not in report["sandbox_uids"] and report["sandbox_uids"]
+
+
+async def test_a_session_whose_caller_goes_away_while_it_starts_leaves_no_process():
+    """Issue 48: a client that disconnected while its container started leaked a sandbox process (about 80 MB,
+    never reaped). The start is cancelled at several points; nothing of it stays."""
+    async with _pool() as sb:
+        before = set(children(os.getpid()))
+        for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+            task = asyncio.create_task(sb.open_session())
+            await asyncio.sleep(delay)
+            task.cancel()
+            sid = (await asyncio.gather(task, return_exceptions=True))[0]
+            if isinstance(sid, str):  # it finished before the cancel: the caller owns it and closes it
+                await sb.close_session(sid)
+        await until(lambda: set(children(os.getpid())) <= before,
+                    lambda: f"no process left of the cancelled starts: {set(children(os.getpid())) - before}",
+                    timeout=10)

@@ -190,7 +190,7 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"too many open sessions ({self.config.max_sessions}); close one or raise "
                                "--max-sessions")
         worker = self._new_worker("session")
-        await worker.start()
+        await worker.start()  # a caller cancelled mid-start leaves no process: start() kills what it began
         sid = uuid.uuid4().hex
         self._sessions[sid] = _Session(worker)
         return sid

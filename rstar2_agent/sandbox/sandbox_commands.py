@@ -1,4 +1,4 @@
-"""`rstar2 sandbox run|serve` (its benchmark: `rstar2 bench sandbox`)."""
+"""`rstar2 sandbox run|serve|check` (its benchmark: `rstar2 bench sandbox`)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,22 @@ def run_cmd(file, as_json: bool, stdin_text: str, timeout: float | None, urls: t
         if not result.ok:
             click.echo(f"[{result.status}]", err=True)
     sys.exit(0 if result.ok else (result.exit_code or 1))
+
+
+@sandbox_group.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@unsafe_option
+def check_cmd(as_json: bool, unsafe: bool) -> None:
+    """Start one worker and say which isolation it got: host uid, namespaces, cgroup, /proc/sys, seccomp."""
+    from .check import isolation_report, render
+
+    cfg = _config(1, unsafe)
+    try:
+        report = asyncio.run(isolation_report(cfg))
+    except SandboxError as e:
+        raise click.ClickException(f"the sandbox refuses to start here: {e}") from e
+    click.echo(json.dumps(report, indent=2) if as_json else render(report, cfg))
+    sys.exit(1 if report["problems"] else 0)
 
 
 @sandbox_group.command("serve")

@@ -91,6 +91,9 @@ class Worker:
             await self.kill()
             raise WorkerDied(f"sandbox worker failed to start: {e!r} after at most {self.startup_timeout:.0f} s; "
                              f"its processes: {state or 'gone'}; its stderr: {self._last_stderr()}") from e
+        except asyncio.CancelledError:  # the caller went away mid-start (a client that disconnected): no orphan
+            await asyncio.shield(self.kill())
+            raise
         if hello.get("op") != "ready":
             await self.kill()
             raise WorkerDied(f"sandbox worker sent {hello!r} instead of ready")
