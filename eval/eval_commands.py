@@ -55,7 +55,7 @@ _RUN_OPTIONS = [
     click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
                  help=f"{BY_BENCHMARK} (1: the paper gives none)."),
     click.option("--max-tokens", type=click.IntRange(1), default=None, help="Response budget per sample (generated "
-                 f"and tool tokens). {BY_BENCHMARK} (30720; BFCL v3 4096)."),
+                 f"and tool tokens). {BY_BENCHMARK} (30720; BFCL v3, IFEval, Arena-Hard 16384)."),
     click.option("--max-turns", type=click.IntRange(1), default=None, help=f"{BY_BENCHMARK} (30)."),
     click.option("--no-tools", is_flag=True, help="One turn, no Python tool."),
     click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
@@ -169,7 +169,8 @@ def paper_cmd(**o) -> None:
     categories; Arena-Hard: the benchmark's bootstrap over battles) and whether the paper's number is inside it.
     Defaults: AIME24/AIME25/HMMT25/MATH-500/GPQA-Diamond the paper's avg@16 at temperature 0.6, 30 turns, 30720
     tokens (the release's eval script), top_p 1 (the paper gives none); BFCL v3 as its leaderboard runs it, one greedy
-    sample, 4096 tokens; IFEval and Arena-Hard one greedy sample of the benchmark's prompt, no tool, 4096 tokens. It
+    sample; IFEval and Arena-Hard one greedy sample of the benchmark's prompt, no tool; those three 16384 tokens, room
+    for a reasoning model (--max-tokens 4096: the leaderboards' own cap). It
     says which format profile it used for the model, and why. A benchmark without data is skipped with the reason.
     --limit K: a smoke run on the first K problems of each (BFCL: of each category)."""
     from rstar2_agent.store import Store
@@ -178,6 +179,7 @@ def paper_cmd(**o) -> None:
     from .report import console as wide_console
 
     source, cfg = source_and_config(o)
+    refuse_unknown_format(source, cfg, o["format_name"])
 
     async def go():
         return await run_paper(source, cfg, Store(o["db"]), o["run_name"], o["data_dir"], o["categories"], o["out"],
@@ -192,6 +194,20 @@ def paper_cmd(**o) -> None:
             console.print(f"{r.benchmark} skipped: {r.skipped}", soft_wrap=True)
     if all(r.skipped for r in rows):
         raise click.ClickException("no benchmark could run: give their data with --data-dir (see above)")
+
+
+def refuse_unknown_format(source, cfg, given: str | None) -> None:
+    """The paper's table in a defaulted format would be numbers of a prompt the model never saw: a model whose
+    format is not known (not the registry's, not one of our checkpoints, no release chat template) needs --format."""
+    from rstar2_agent.models import recognized
+
+    if given or cfg.api == "chat" or recognized(source.model):
+        return
+    raise click.ClickException(
+        f"the format of {source.model} is not known (no registry entry, no rstar2.json, not the release's chat "
+        "template): the table would score a prompt the model never saw. The public rStar2-Agent-14B: --format "
+        "rstar2-paper; one of our checkpoints keeps its format in rstar2.json; another tool-calling model: --format "
+        "template (its own chat template) or hermes")
 
 
 def paper_format_line(source, cfg, given: str | None) -> str:

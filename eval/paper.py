@@ -26,7 +26,7 @@ from rich.table import Table
 from rstar2_agent.stats import t_quantile, wilson
 from rstar2_agent.store import Sample, Store
 
-from .benchmarks import get_benchmarks
+from .benchmarks import JudgeSpec, get_benchmarks
 from .report import BenchResult, bfcl_category, load
 from .runner import EvalConfig
 
@@ -59,10 +59,11 @@ class PaperRow:
     run: str | None = None
     skipped: str | None = None  # why it did not run
     note: str = ""
+    comparable: bool = True  # False: not the paper's measurement (Arena-Hard judged by the model under test)
 
     @property
     def inside(self) -> bool | None:
-        return None if self.interval is None else self.paper in self.interval
+        return None if self.interval is None or not self.comparable else self.paper in self.interval
 
 
 def problem_interval(per_problem: Sequence[float]) -> Interval | None:
@@ -123,6 +124,9 @@ def paper_row(benchmark: str, result: BenchResult | None, run: str | None = None
             return row
         score, interval = a["score"], Interval(a["ci"][0], a["ci"][1], "bootstrap")
         row.note = f"judge {a['judge']}" + (f"; {a['dropped']} prompts without a verdict" if a["dropped"] else "")
+        if a["judge"] == JudgeSpec().label():  # no --judge-url: the model judged itself, a smoke test of the pipeline
+            row.comparable = False
+            row.note = "judged by the model under test (no --judge-url): a smoke test, not the paper's measure"
     else:
         score, interval = s["avg"], problem_interval([p["accuracy"] for p in s["per_problem"]])
         if interval is None:
@@ -145,7 +149,8 @@ def paper_table(rows: Sequence[PaperRow], title: str) -> Table:
         ci = "" if r.interval is None else f"{r.interval.lo:.1f}-{r.interval.hi:.1f} ({r.interval.method})"
         inside = {True: "yes", False: "no", None: ""}[r.inside]
         table.add_row(r.benchmark, f"{r.problems} x {r.n}" if r.problems else "",
-                      "" if r.score is None else f"{r.score:.1f}", ci, f"{r.paper:.1f}", inside, r.note)
+                      "" if r.score is None else f"{r.score:.1f}", ci, f"{r.paper:.1f}" if r.comparable else "",
+                      inside, r.note)
     table.caption = ("ours: pass@1 averaged over each problem's samples (BFCL v3: its weighted overall; IFEval: strict "
                      "prompt-level; Arena-Hard: win rate vs gpt-4-0314). 95% CI over problems: wilson when every "
                      "problem scored 0 or 1, t over per-problem accuracies otherwise, bootstrap within BFCL "

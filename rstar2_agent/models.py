@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import json
 import logging
@@ -113,17 +114,59 @@ def format_reason(model: str | None, given: str | None, used: str) -> str:
         return f"{used}: the format the checkpoint was trained in ({meta})"
     if any(s.hub_id and s.hub_id.lower() == name.lower() for s in REGISTRY.values()):
         return f"{used}: the registry's profile for {name}"
-    return (f"{used}: the default for a model the registry does not know (a tool-calling model in its own chat "
-            "template: --format template)")
+    if Path(name).expanduser().is_dir() and is_public_checkpoint(Path(name).expanduser()):
+        return f"{used}: the folder's tokenizer carries the release's chat template (the public rStar2-Agent-14B)"
+    return (f"{used}: the default for a model the registry does not know (the public rStar2-Agent-14B: --format "
+            "rstar2-paper; a tool-calling model in its own chat template: --format template)")
+
+
+# The SHA-256 of the chat template the release trained with (microsoft/rStar, `custom_chat_template` of its trainer
+# config): a folder whose tokenizer carries it is the public checkpoint or a copy of it, whatever the folder is called.
+RELEASE_TEMPLATE_SHA256 = "d7aaf19d90236aff2f9f427e4bc5fd78c70bc35df68b0d113758db3ed364ca86"
+PUBLIC_CHECKPOINT = "rstar2-agent-14b"
+
+
+def folder_template(path: Path) -> str | None:
+    """The chat template a model folder's tokenizer carries (chat_template.jinja, else tokenizer_config.json's
+    `chat_template`, a string or the list of named templates whose `default` is used), or None."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text()).get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    return template if isinstance(template, str) else None
+
+
+def is_public_checkpoint(path: Path | None) -> bool:
+    """Whether a model folder's tokenizer carries the release's chat template (RELEASE_TEMPLATE_SHA256)."""
+    template = folder_template(path) if path is not None else None
+    return template is not None and hashlib.sha256(template.encode()).hexdigest() == RELEASE_TEMPLATE_SHA256
+
+
+def recognized(model: str | None) -> bool:
+    """Whether the format of `model` is known rather than defaulted: a registry name or hub id, a checkpoint of
+    ours (rstar2.json), or a folder with the release's chat template."""
+    name = model or DEFAULT_MODEL
+    if name.lower() in REGISTRY or any(s.hub_id and s.hub_id.lower() == name.lower() for s in REGISTRY.values()):
+        return True
+    path = Path(name).expanduser()
+    return checkpoint_meta(name) is not None or (path.is_dir() and is_public_checkpoint(path))
 
 
 def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:
-    """Defaults for a model we do not know: a registry entry whose hub id matches, else Hermes and the
-    context length from its config."""
+    """Defaults for a model we do not know: a registry entry whose hub id matches; a folder with the release's chat
+    template, the public checkpoint's; else Hermes and the context length from its config."""
     for spec in REGISTRY.values():
         if spec.hub_id and hub_id and spec.hub_id.lower() == hub_id.lower():
             return spec
     context, protocol = 32768, "hermes"
+    if is_public_checkpoint(path):
+        protocol = REGISTRY[PUBLIC_CHECKPOINT].format
     if path is not None and (path / "config.json").exists():
         config = json.loads((path / "config.json").read_text())
         context = int(config.get("max_position_embeddings") or context)

@@ -214,3 +214,20 @@ def test_paper_command_prints_the_table(tmp_path):
         assert "--data-dir" in reason
     assert "aime24 (run smollm2-135m-t0.6-tokens16-turns1): n 1" in p.stderr
     assert "format markdown: the registry's profile for smollm2-135m (a 135M model never learned Hermes" in p.stdout
+
+
+@pytest.mark.parametrize("judge,comparable", [("self", False), ("gpt-4-1106-preview", True)])
+def test_a_self_judged_arena_hard_row_makes_no_comparison_with_the_paper(judge, comparable):
+    """Without --judge-url the model under test judges itself: the row shows the score and says so, but no paper
+    number and no 'paper in CI' verdict; with a judge the row compares."""
+    from rstar2_agent.eval.paper import paper_row, paper_table
+    from rstar2_agent.eval.report import BenchResult
+
+    summary = {"samples": 10, "problems": 10, "n_min": 1,
+               "arena": {"score": 0.8, "ci": [0.7, 0.9], "judge": judge, "dropped": 0}}
+    row = paper_row("arena_hard", BenchResult(None, [], 0, summary))
+    assert row.score == pytest.approx(80.0) and row.comparable is comparable
+    assert row.inside is (True if comparable else None)  # the paper's 86.6 lies in 70-90 with a judge
+    cells = paper_table([row], "t").columns[4]._cells
+    assert cells == (["86.6"] if comparable else [""])
+    assert ("smoke test" in row.note) is not comparable

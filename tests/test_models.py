@@ -4,6 +4,7 @@ format and context its checkpoint says it was trained with; registry names win o
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,37 @@ def test_format_reason_says_where_each_model_s_format_comes_from(tmp_path, monke
     (tmp_path / "runs" / "mine" / "last" / "rstar2.json").write_text('{"format": "hermes"}')
     assert "the format the checkpoint was trained in" in format_reason("mine", None, "hermes")
     assert "--format template" in format_reason("org/unknown-model", None, "hermes")
+
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "rstar2-release-chat-template.jinja"
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/reference is not on this machine")
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_folder_of_the_public_checkpoint_is_found_by_its_chat_template(tmp_path, where):
+    """A local copy of the public checkpoint (no rstar2.json, any folder name) carries the release's chat template:
+    it runs in rstar2-paper, and the reason says why; the same folder with Qwen3's own template stays hermes and
+    `rstar2 eval paper` refuses it without --format, naming rstar2-paper, before any engine starts."""
+    from click.testing import CliRunner
+
+    from rstar2_agent.cli import main
+    from rstar2_agent.models import format_reason, recognized
+
+    folder = tmp_path / "downloaded-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
+                                                    "max_position_embeddings": 40960}))
+    template = REFERENCE.read_text()
+    if where == "chat_template.jinja":
+        (folder / where).write_text(template)
+    else:
+        (folder / where).write_text(json.dumps({"chat_template": template}))
+    spec = resolve_model(str(folder)).spec
+    assert spec.format == "rstar2-paper" and recognized(str(folder))
+    assert "release's chat template" in format_reason(str(folder), None, spec.format)
+
+    (folder / where).write_text(json.dumps({"chat_template": "{{ messages }}"}) if where != "chat_template.jinja"
+                                else "{{ messages }}")
+    assert resolve_model(str(folder)).spec.format == "hermes" and not recognized(str(folder))
+    r = CliRunner().invoke(main, ["eval", "paper", "--model", str(folder), "--limit", "1"])
+    assert r.exit_code == 1 and "--format rstar2-paper" in r.output, r.output
