@@ -332,7 +332,7 @@ def rollout_cmd(recipe, rounds, overrides) -> None:
     """RL rollout tokens/s against the bare engine on the same tokens, and one step's time split."""
     import asyncio
 
-    from rstar2_agent.train.rl import RLConfig
+    from rstar2_agent.train.config import RLConfig
 
     from .rollout import bench_rollout
 

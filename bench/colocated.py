@@ -56,9 +56,7 @@ async def _train(cfg: Any, steps: int) -> list[dict[str, float]]:
 
 def run_bench(steps: int = 3, rounds: int = 2) -> tuple[Side, Side]:
     from rstar2_agent.models import resolve_model, tiny_variant
-    from rstar2_agent.train.learner.model import OptimConfig
-    from rstar2_agent.train.rl import RLConfig, Stage
-    from rstar2_agent.train.start_check import StartCheck
+    from rstar2_agent.train.config import OptimConfig, RLConfig, Stage, StartCheck
 
     sides = (Side("one process (hf on the learner's model)"), Side("colocated (hf engine of its own)"))
     with tempfile.TemporaryDirectory(prefix="bench_colocated_") as tmp:

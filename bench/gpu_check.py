@@ -149,7 +149,8 @@ def random_ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------------------- 1. learner
 def bench_learner(folder: Path, info: dict[str, Any], args: argparse.Namespace, device: torch.device
                   ) -> dict[str, Any]:
-    from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+    from rstar2_agent.train.config import OptimConfig
+    from rstar2_agent.train.learner.model import TorchLearner
     from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem, policy_update
 
     steps, warmup = args.steps, args.warmup

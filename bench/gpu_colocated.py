@@ -33,9 +33,9 @@ import torch
 def colocated_step(folder: Path, info: dict[str, Any], args: argparse.Namespace, device: torch.device,
                    meter: Any, say: Any) -> dict[str, Any]:
     from rstar2_agent.engines.hf import HFEngine
+    from rstar2_agent.train.config import OptimConfig
     from rstar2_agent.train.learner.colocated import Colocation
     from rstar2_agent.train.learner.local import LocalLearner
-    from rstar2_agent.train.learner.model import OptimConfig
     from rstar2_agent.train.push_check import auto_bound
 
     learner = LocalLearner(str(folder), OptimConfig(lr=1e-5, warmup_steps=0), total_steps=2,

@@ -98,7 +98,8 @@ def sdpa_kernels(seq_lens: list[int], device: torch.device, heads: int = 40, kv_
 def fsdp_one_rank(folder: Path, device: torch.device, seq: int, batch: int) -> dict[str, Any]:
     """One FSDP2 rank over NCCL (gloo on CPU): a policy update of `batch` sequences of `seq` tokens, the optimizer
     step, and the full-state gather; seconds and peak memory of each."""
-    from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+    from rstar2_agent.train.config import OptimConfig
+    from rstar2_agent.train.learner.model import TorchLearner
     from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem, policy_update
 
     if not torch.distributed.is_initialized():

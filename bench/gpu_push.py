@@ -162,9 +162,9 @@ def _same(got: float, tensor: torch.Tensor | None, want: float | None = None) ->
 def probe(folder: Path, device: torch.device, tokens: tuple[int, ...] = (64, 256)) -> dict[str, Any]:
     """The learner's bf16 (autocast) scores of a probe against its fp32 scores, same weights, on `device`; per
     length the max and mean |difference| and the bound a run would calibrate to."""
+    from rstar2_agent.train.config import OptimConfig, PushCheck
     from rstar2_agent.train.learner.local import LocalLearner
-    from rstar2_agent.train.learner.model import OptimConfig
-    from rstar2_agent.train.push_check import PushCheck, calibrated_bound
+    from rstar2_agent.train.push_check import calibrated_bound
 
     factor = PushCheck().calibration_factor
     out: dict[str, Any] = {"device": str(device), "calibration_factor": factor}

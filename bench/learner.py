@@ -92,7 +92,8 @@ def bench_learner(model: str | None = None, n: int = 8, prompt: int = 128, max_r
                   micro_batch: int = 4, budget: int = 0, chunk: int = 128, dtype: str = "fp32", layers: int = 4,
                   hidden: int = 256) -> LearnerBench:
     from rstar2_agent.models import resolve_model
-    from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+    from rstar2_agent.train.config import OptimConfig
+    from rstar2_agent.train.learner.model import TorchLearner
     from rstar2_agent.train.learner.update import UpdateConfig, length, micro_batches, policy_update
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,8 +42,8 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
 
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.models import resolve_model
-    from rstar2_agent.train.learner.model import OptimConfig
-    from rstar2_agent.train.learner.ray_group import LearnerGroup, RayConfig, start_rollout
+    from rstar2_agent.train.config import OptimConfig, RayConfig
+    from rstar2_agent.train.learner.ray_group import LearnerGroup, start_rollout
     from rstar2_agent.train.push.collective import nbytes
 
     resolved = resolve_model(model)

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, replace
 
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.train.rl import RLConfig, RLRun
+from rstar2_agent.train.config import RLConfig
+from rstar2_agent.train.rl import RLRun
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from rstar2_agent.sandbox import Limits, LocalSandbox, SandboxConfig
 
 if TYPE_CHECKING:
-    from rstar2_agent.train.rl import RLConfig
+    from rstar2_agent.train.config import RLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_SECRET = "RSTAR2_TEST_HOST_SECRET"
@@ -210,8 +210,7 @@ def tiny(tmp_path, **kw) -> RLConfig:
     """A small RL run of SmolLM2 writing under `tmp_path`: 2 steps of 2 prompts x 2 rollouts, 48 response tokens,
     2 turns, markdown format; `kw`: RLConfig fields to change. The base SmolLM2 and the tiny random model write no
     answer the reward reads, so the start check is off (tests/test_start_check.py has its own)."""
-    from rstar2_agent.train.rl import RLConfig, Stage
-    from rstar2_agent.train.start_check import StartCheck
+    from rstar2_agent.train.config import RLConfig, Stage, StartCheck
 
     base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                 prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
@@ -411,8 +410,7 @@ async def serve_url(engine, sandbox):
 
 def sft_config(out, **kw):
     """A small SFT run of SmolLM2 writing under `out`: 6 synthetic conversations, one epoch, lr 1e-4."""
-    from rstar2_agent.train.learner.model import OptimConfig
-    from rstar2_agent.train.sft import SFTConfig
+    from rstar2_agent.train.config import OptimConfig, SFTConfig
 
     base = dict(data=["synthetic:6:0"], seq_len=1024, micro_batch=1, grad_accum=1, epochs=1, out=str(out / "sft"),
                 optim=OptimConfig(lr=1e-4, warmup_steps=0), db=str(out / "store.db"))

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2_agent.train.learner.checkpoint import CheckpointConfig, CheckpointError
-from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.config import CheckpointConfig, OptimConfig
+from rstar2_agent.train.learner.checkpoint import CheckpointError
+from rstar2_agent.train.learner.model import TorchLearner
 
 OPTIM = OptimConfig(lr=1e-3, warmup_steps=0, schedule="cosine", weight_decay=0.01)
 SLOW_S = 12.0  # a write made this slow ...

@@ -92,8 +92,8 @@ async def test_rl_pushes_the_learners_weights_into_the_in_process_vllm_engine(vl
     import torch
     from safetensors.torch import load_file
 
+    from rstar2_agent.train.config import OptimConfig
     from rstar2_agent.train.learner.local import LocalLearner
-    from rstar2_agent.train.learner.model import OptimConfig
     from rstar2_agent.train.loss import token_logprobs
 
     learner = LocalLearner(vllm_engine.model_path, OptimConfig(), total_steps=1, dtype="fp32")

@@ -13,7 +13,8 @@ import pytest
 import torch
 from gloo_ranks import run_ranks
 
-from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.config import OptimConfig, RLConfig, Stage
+from rstar2_agent.train.learner.model import TorchLearner
 from rstar2_agent.train.learner.update import (
     UpdateConfig,
     UpdateItem,
@@ -27,7 +28,7 @@ from rstar2_agent.train.learner.update import (
     shards,
     token_chunks,
 )
-from rstar2_agent.train.rl import RLConfig, RLRun, Stage
+from rstar2_agent.train.rl import RLRun
 
 FULL = UpdateConfig(micro_batch=2, temperature=0.7, pad_id=2, micro_batch_tokens=0, logprob_chunk_tokens=0)
 
@@ -242,10 +243,11 @@ def test_a_policy_update_by_token_budget_and_chunks_gives_the_same_gradient(requ
 
 # ------------------------------------------------------------------------------------------------ the recipe
 def test_the_recipe_carries_the_memory_settings_to_the_update_and_the_learner(tmp_path, tiny_smollm2, monkeypatch):
+    from rstar2_agent.train.config import check_micro_batch_tokens
     from rstar2_agent.train.learner.backend import backend
     from rstar2_agent.train.learner.ray_group import LearnerActor
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rl import check_micro_batch_tokens, update_config
+    from rstar2_agent.train.rl import update_config
 
     paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
     assert paper.gradient_checkpointing and paper.micro_batch_tokens == 16384 and paper.logprob_chunk_tokens == 1024

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.config import OptimConfig
+from rstar2_agent.train.learner.model import TorchLearner
 
 
 def steps(learner: TorchLearner, n: int) -> list[float]:
@@ -32,7 +33,7 @@ def test_a_reset_drops_the_optimizer_state_and_keeps_the_schedule_unless_told_to
 def test_restart_schedule_without_a_reset_is_refused():
     import pytest
 
-    from rstar2_agent.train.rl import Stage
+    from rstar2_agent.train.config import Stage
 
     with pytest.raises(ValueError, match="reset_optimizer: true"):
         Stage(steps=1, restart_schedule=True)

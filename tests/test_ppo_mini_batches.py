@@ -11,9 +11,10 @@ import pytest
 import torch
 from test_learner_memory import trajectories
 
-from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.config import OptimConfig, RLConfig
+from rstar2_agent.train.learner.model import TorchLearner
 from rstar2_agent.train.learner.update import UpdateConfig, mini_shards, policy_update, ppo_update
-from rstar2_agent.train.rl import RLConfig, update_config
+from rstar2_agent.train.rl import update_config
 
 ONE = UpdateConfig(micro_batch=2, temperature=1.0, pad_id=2, logprob_chunk_tokens=0)
 

@@ -14,14 +14,13 @@ import pytest
 
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.hf import HFEngine
+from rstar2_agent.train.config import OptimConfig, PushCheck
 from rstar2_agent.train.learner.local import LocalLearner
-from rstar2_agent.train.learner.model import OptimConfig
 from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem
 from rstar2_agent.train.push import Chunked, Shared
 from rstar2_agent.train.push_check import (
     BF16_BOUND,
     FP32_BOUND,
-    PushCheck,
     PushChecker,
     PushCheckError,
     auto_bound,
@@ -219,7 +218,8 @@ async def test_vllm_scores_the_probe_as_the_learner_after_a_real_push(vllm_engin
 async def test_a_real_rl_step_records_the_probe_figure(tmp_path, tiny_smollm2):
     """One step of a real run on the 2-layer model (the hf engine on the learner's model, fp32), its rollouts graded
     by hand so a group is kept and the weights are pushed: the step's metrics hold the probe's figure, 0."""
-    from rstar2_agent.train.rl import RLRun, Stage
+    from rstar2_agent.train.config import Stage
+    from rstar2_agent.train.rl import RLRun
 
     cfg = tiny(tmp_path, model=tiny_smollm2, dtype="fp32", prompts_per_step=1,
                stages=[Stage(steps=1, max_response_tokens=16, max_turns=1, data_size=4)])

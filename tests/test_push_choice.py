@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2_agent.train.learner.ray_group import RayConfig
+from rstar2_agent.train.config import RayConfig, RLConfig
 from rstar2_agent.train.push import Chunked, InPlace, Shared, ThroughGroup, choose, make_push
 from rstar2_agent.train.recipe import RecipeError, load
-from rstar2_agent.train.rl import RLConfig
 
 from conftest import tiny
 

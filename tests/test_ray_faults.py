@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from rstar2_agent.train.learner.model import OptimConfig
+from rstar2_agent.train.config import OptimConfig
 from rstar2_agent.train.rl import RLRun
 
 from conftest import tiny, until
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_its_turns_rerun(tmp_path, tiny_smollm2):
     ray = pytest.importorskip("ray")
     from rstar2_agent.engines.base import SamplingParams
-    from rstar2_agent.train.learner.ray_group import RayConfig
+    from rstar2_agent.train.config import RayConfig
     from rstar2_agent.train.push import ThroughGroup
 
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
@@ -117,7 +117,8 @@ def test_a_learner_group_the_cluster_cannot_place_fails_in_time_and_leaves_nothi
     ray = pytest.importorskip("ray")
     from ray.util import placement_group_table
 
-    from rstar2_agent.train.learner.ray_group import LearnerGroup, RayConfig
+    from rstar2_agent.train.config import RayConfig
+    from rstar2_agent.train.learner.ray_group import LearnerGroup
 
     cfg = RayConfig(learners=2, gpus_per_learner=1, cpus_per_learner=0.5, rollout_workers=0, sandbox_actors=0,
                     start_timeout_s=5)

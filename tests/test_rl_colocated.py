@@ -11,10 +11,9 @@ import pytest
 
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train import rl
+from rstar2_agent.train.config import OptimConfig, RayConfig, Stage
 from rstar2_agent.train.learner.colocated import Colocation
-from rstar2_agent.train.learner.model import OptimConfig
-from rstar2_agent.train.learner.ray_group import RayConfig
-from rstar2_agent.train.rl import Stage, run_rl
+from rstar2_agent.train.rl import run_rl
 from rstar2_agent.train.rollouts import Rollouts
 
 from conftest import tiny
@@ -81,4 +80,4 @@ async def test_vllms_cpu_build_stays_awake_with_a_warning_and_generates_after_th
 def test_colocated_recipes_that_cannot_run_are_refused_by_name(tmp_path, change, fragment):
     cfg = tiny(tmp_path, placement=change.pop("placement", "colocated"), **change)
     with pytest.raises(ValueError, match=fragment):
-        rl.check_placement(cfg)
+        rl.check_recipe(cfg)

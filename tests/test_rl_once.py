@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from rstar2_agent.store import Store, sample_row
+from rstar2_agent.train.config import Stage
 from rstar2_agent.train.learner.model import lr_factor
 from rstar2_agent.train.recipe import dump
-from rstar2_agent.train.rl import Stage, forget_unsaved
+from rstar2_agent.train.rl import forget_unsaved
 from rstar2_agent.trajectory import Trajectory
 
 from conftest import run_until_paused, tiny

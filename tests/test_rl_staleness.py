@@ -11,9 +11,9 @@ import os
 import pytest
 
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl
+from rstar2_agent.train.config import RLConfig, Stage, StartCheck
+from rstar2_agent.train.rl import RLRun, run_rl
 from rstar2_agent.train.staleness import VersionGate, lag_metrics
-from rstar2_agent.train.start_check import StartCheck
 
 from conftest import count_prompt, until
 
@@ -123,7 +123,7 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
     1 and is pushed; B, now one version old, is trained with the decoupled loss (the ratio against the learner's
     proximal logprobs, the truncated weight to the engine's): its advantage-weighted logprob under the learner
     rises, and the step reports the lag."""
-    from rstar2_agent.train.learner.model import OptimConfig
+    from rstar2_agent.train.config import OptimConfig
     from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs
     from rstar2_agent.train.loss import grpo_advantages
     from rstar2_agent.train.rollouts import Batch

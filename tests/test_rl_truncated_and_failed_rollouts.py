@@ -12,7 +12,7 @@ from rstar2_agent.chat_format import ChatFormat, answer_blocks, extract_answer
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
-from rstar2_agent.train.rl import RLConfig
+from rstar2_agent.train.config import RLConfig
 from rstar2_agent.train.rollouts import Rollouts
 
 # Greedy SmolLM2 copies the shots: an <answer> block first, then a sentence after it.
@@ -70,7 +70,7 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
     must stop RL with the engine's error, not grade the failures 0, update on nothing and save as if all went well."""
     from rstar2_agent.engines.base import EngineError
     from rstar2_agent.engines.openai import OpenAIEngine
-    from rstar2_agent.train.rl import Stage
+    from rstar2_agent.train.config import Stage
 
     from conftest import free_port
 
@@ -88,7 +88,7 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
 async def test_rollouts_are_seeded_by_their_key_unless_the_recipe_says_not(smol_tokenizer, sandbox, seeded):
     """`seeded_rollouts` (the default): each rollout's first generation is seeded from its key, so a rerun step
     samples the same rollouts; false: no seed at all (vLLM's batched sampler), at every turn."""
-    from rstar2_agent.train.rl import Stage
+    from rstar2_agent.train.config import Stage
 
     from conftest import ScriptedEngine
 

@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.train.rl import RLConfig, RLRun
+from rstar2_agent.train.config import RLConfig
+from rstar2_agent.train.rl import RLRun
 from rstar2_agent.train.roc import (
     Group,
     RolloutStats,

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_agent.train.config import StartCheck
 from rstar2_agent.train.rl import run_rl
 from rstar2_agent.train.rollouts import Batch
-from rstar2_agent.train.start_check import BlindStart, StartCheck, check_start, start_figures
+from rstar2_agent.train.start_check import BlindStart, check_start, start_figures
 from rstar2_agent.trajectory import Trajectory, Turn
 
 from conftest import tiny

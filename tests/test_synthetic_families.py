@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from rstar2_agent.synthetic import FAMILIES, parse_families, problems
+from rstar2_agent.train.config import RLConfig, SFTConfig, Stage
 from rstar2_agent.train.data.chat_data import DataError
 from rstar2_agent.train.data.converters import load_records
 from rstar2_agent.train.recipe import load
-from rstar2_agent.train.rl import RLConfig, Stage
 from rstar2_agent.train.rollouts import Rollouts
-from rstar2_agent.train.sft import SFTConfig
 
 QUESTION_START = {"primes": "How many prime numbers", "gcd": "What is the greatest common divisor"}
 

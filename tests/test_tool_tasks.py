@@ -100,8 +100,8 @@ def test_the_tooltasks_source_loads_through_load_records():
 
 
 def test_the_rl_stage_picks_the_tool_tasks_generator():
+    from rstar2_agent.train.config import RLConfig, Stage
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rl import RLConfig, Stage
     from rstar2_agent.train.rollouts import Rollouts
 
     cfg = load(RLConfig, "rl-smollm2-tooltasks-cpu")

@@ -6,7 +6,7 @@ import pytest
 
 from rstar2_agent.stats import student_t_cdf
 from rstar2_agent.train.ablation.experiment import arms, paired_t, sign_flip_p, table
-from rstar2_agent.train.rl import RLConfig
+from rstar2_agent.train.config import RLConfig
 
 
 @pytest.mark.parametrize(("t", "df", "p"), [(12.706, 1, 0.05), (4.303, 2, 0.05), (2.776, 4, 0.05), (1.0, 3, 0.391)])

@@ -12,10 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from rstar2_agent.train.learner.model import OptimConfig, TorchLearner
+from rstar2_agent.train.config import OptimConfig, RLConfig
+from rstar2_agent.train.learner.model import TorchLearner
 from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs, policy_update
 from rstar2_agent.train.loss import ppo_clip_loss, rollout_mismatch, tis_weights
-from rstar2_agent.train.rl import RLConfig, RLRun, update_config
+from rstar2_agent.train.rl import RLRun, update_config
 
 
 @pytest.fixture

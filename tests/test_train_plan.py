@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rstar2_agent.train import recipe as recipes
+from rstar2_agent.train.config import RLConfig, SFTConfig
 from rstar2_agent.train.plan import (
     VLLM_ASLEEP_GIB,
     LearnerSpec,
@@ -27,8 +28,6 @@ from rstar2_agent.train.plan import (
     render,
 )
 from rstar2_agent.train.rehearsal import check_chain
-from rstar2_agent.train.rl import RLConfig
-from rstar2_agent.train.sft import SFTConfig
 from rstar2_agent.train.shapes import KNOWN, from_config, model_shape
 from rstar2_agent.train.train_commands import train_group
 

@@ -226,14 +226,14 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- RL stages
 def _pool(stage, out, data_dir=None, pool_ids=None):
-    from rstar2_agent.train.rl import RLConfig
+    from rstar2_agent.train.config import RLConfig
     from rstar2_agent.train.rollouts import Rollouts
 
     return Rollouts(RLConfig(out=str(out), data_dir=data_dir), None, pool_ids=pool_ids).pool(stage)  # no model
 
 
 def test_an_rl_stage_reads_a_problems_file_with_stable_ids_and_a_seeded_cap(tmp_path):
-    from rstar2_agent.train.rl import Stage
+    from rstar2_agent.train.config import Stage
 
     out = tmp_path / "rl.jsonl"
     CliRunner().invoke(train_group, ["problems", *SOURCES_ARGS, "--out", str(out), "--data-dir", str(BENCH)])
@@ -250,7 +250,7 @@ def test_an_rl_stage_reads_a_problems_file_with_stable_ids_and_a_seeded_cap(tmp_
 
 
 def test_an_rl_stage_curates_its_sources_once_and_reads_the_cache_after(tmp_path, monkeypatch):
-    from rstar2_agent.train.rl import Stage
+    from rstar2_agent.train.config import Stage
 
     monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
     dapo = tmp_path / "dapo.jsonl"

@@ -49,8 +49,8 @@ class Verifier(Engine):
 def test_the_14b_recipe_and_the_chain_read_the_same_sources():
     """open-r1's `all` config is the deduplicated 17K the paper counts (`en` drops the problems with Chinese text):
     the recipe's stages and the chain's merge read the same DAPO and Project Euler."""
+    from rstar2_agent.train.config import RLConfig
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rl import RLConfig
 
     paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
     defaults = PaperSources()

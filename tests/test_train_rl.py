@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from rstar2_agent.chat_format import default_extraction
-from rstar2_agent.train.learner.model import OptimConfig
+from rstar2_agent.train.config import OptimConfig, RLConfig, Stage
 from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
-from rstar2_agent.train.rl import RLConfig, RLRun, Stage, run_rl, stage_of
+from rstar2_agent.train.rl import RLRun, run_rl, stage_of
 
 from conftest import tiny
 
@@ -150,8 +150,8 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.engines.hf import HFEngine
     from rstar2_agent.store import Store
+    from rstar2_agent.train.config import RayConfig
     from rstar2_agent.train.learner.model import TorchLearner
-    from rstar2_agent.train.learner.ray_group import RayConfig
     from rstar2_agent.train.learner.update import UpdateItem, policy_update
     from rstar2_agent.train.loss import grpo_advantages
     from rstar2_agent.train.push_check import PushChecker

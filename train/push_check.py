@@ -64,6 +64,8 @@ from typing import Any
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import Engine
 
+from .config import PushCheck
+
 log = logging.getLogger(__name__)
 
 FP32_BOUND = 1e-3
@@ -79,32 +81,6 @@ PROBE_RESPONSE = (
     "```python\nprint(sum(n for n in range(1, 1000) if (n * n + 12) % (n + 2) == 0))\n```\n"
     "The program prints 22, which matches 2 + 6 + 14 = 22. Checking each: 16 / 4 = 4, 48 / 8 = 6, 208 / 16 = 13, "
     "all whole numbers.\n<answer>\nThe sum is \\boxed{22}.\n</answer>")
-
-
-@dataclass
-class PushCheck:
-    """The recipe's `push_check`: on (`enabled`); the bound on the largest per-token logprob difference (None:
-    `calibration_factor` times the run's own calibrated gap, `calibrated_bound`); the probe's scored tokens; the
-    largest `max_move_residual` of the learner's move the engine may miss once the move is decisive."""
-    enabled: bool = True
-    bound: float | None = None
-    probe_tokens: int = 64
-    calibration_factor: float = 2.5
-    max_move_residual: float = 0.25
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.probe_tokens, int) or self.probe_tokens < 1:
-            raise ValueError(f"push_check.probe_tokens is the number of probe tokens scored, at least 1, not "
-                             f"{self.probe_tokens!r}")
-        if self.bound is not None and not self.bound > 0:
-            raise ValueError(f"push_check.bound is a positive logprob difference (null: calibrated), not "
-                             f"{self.bound!r}")
-        if not self.calibration_factor >= 1:
-            raise ValueError(f"push_check.calibration_factor multiplies the calibrated gap, at least 1, not "
-                             f"{self.calibration_factor!r}")
-        if not 0 < self.max_move_residual < 1:
-            raise ValueError(f"push_check.max_move_residual is the share of the learner's move the engine may "
-                             f"miss, between 0 and 1, not {self.max_move_residual!r}")
 
 
 class PushCheckError(RuntimeError):

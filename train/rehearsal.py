@@ -37,9 +37,10 @@ from rstar2_agent.processes import end_tree
 from rstar2_agent.store import Store
 
 from . import recipe as recipes
-from .rl import RLConfig, run_rl
+from .config import RLConfig, SFTConfig
+from .rl import run_rl
 from .run_frame import run_name
-from .sft import SFTConfig, run_sft
+from .sft import run_sft
 
 SFT_RECIPE = "sft-qwen3-14b-base"
 RL_RECIPE = "rl-qwen3-14b-base-mi300x"

@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,169 +32,29 @@ from rstar2_agent.engines.base import Engine
 from rstar2_agent.models import resolve_model
 from rstar2_agent.store import Store
 
+from .config import (
+    RLConfig,
+    Stage,
+    check_distributed,
+    check_micro_batch_tokens,
+    check_placement,
+    check_rollout_correction,
+    check_staleness,
+)
 from .learner.backend import backend, local_sandbox
-from .learner.checkpoint import CheckpointConfig
 from .learner.colocated import Colocation
-from .learner.model import OptimConfig
 from .learner.protocol import Learner
-from .learner.ray_group import RayConfig
-from .learner.update import LOGPROB_CHUNK_TOKENS, UpdateConfig, UpdateItem, check_rollout_correction
+from .learner.update import UpdateConfig, UpdateItem
 from .loss import grpo_advantages
-from .push import choose, make_push
-from .push_check import PushCheck, PushChecker
+from .push import Choice, choose, make_push
+from .push_check import PushChecker
 from .roc import Group, check_sizes, resample_on_correct
 from .rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .run_frame import RunFrame, resume_from, save_checkpoint
 from .staleness import lag_metrics
-from .start_check import StartCheck, check_start, start_figures
+from .start_check import check_start, start_figures
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Stage:
-    steps: int
-    max_response_tokens: int = 8192
-    max_turns: int = 10
-    # a problem generator: synthetic (rstar2_agent/synthetic.py) or tooltasks (tool_tasks.py); or problems: a file of
-    # `rstar2 train problems` (problems:PATH or PATH.jsonl), or sources it curates at the stage start (hub:...,
-    # dapo:PATH, ...; a list for several), cached in `out`
-    data: str | list[str] = "synthetic"
-    data_seed: int = 0  # the generator's problems from this seed; for problems, the seed of the sample
-    data_size: int | None = None  # a generator's count (None: 512); for problems, a sample of this many (0/None: all)
-    filter_solved: int = 0  # at the stage start, drop the problems the policy solves k of k (0: no filter)
-    reset_optimizer: bool = False  # at the stage start, a fresh optimizer state (the schedule goes on)
-    restart_schedule: bool = False  # with reset_optimizer, also restart the lr schedule and its warm-up (not the paper)
-
-    def __post_init__(self) -> None:
-        if self.restart_schedule and not self.reset_optimizer:
-            raise ValueError("a stage's restart_schedule restarts the schedule of the optimizer reset_optimizer makes: "
-                             "set reset_optimizer: true beside it, or drop restart_schedule")
-
-
-@dataclass
-class RLConfig:
-    model: str = "runs/sft-smollm2-cpu/last"
-    stages: list[Stage] = field(default_factory=lambda: [Stage(steps=2)])
-    prompts_per_step: int = 4
-    group_size: int = 4  # G: 2G rollouts per prompt, G kept
-    positive_sampling: str = "paper"  # paper (probability 1/p) or topk (the release's ranking: lowest release p)
-    # RoC keeps at least this many positives and negatives of a mixed group (the release: 2 each); group_size must
-    # be at least their sum: set both to 1 to keep at least one of each side with G = 2 or 3
-    roc_min_positive: int = 2
-    roc_min_negative: int = 2
-    roc: bool = True  # False: plain GRPO on G rollouts per prompt, all used (the ablation)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # a seed per rollout (from its step, prompt and index): a rerun step samples the same rollouts. vLLM samples
-    # seeded requests one by one with their own generators, off its batched (FlashInfer) sampler: false at scale
-    seeded_rollouts: bool = True
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    # optimizer steps per RL step: the kept rollouts cut in order into this many PPO mini-batches, each one step against
-    # the same pre-update old logprobs. 1 (the release: train_batch_size = ppo_mini_batch_size) makes the ratio 1 and
-    # the clip inert; the paper gives no mini-batch size. The lr schedule counts RL steps either way
-    ppo_mini_batches: int = 1
-    # the PPO ratio is against the learner's own logprobs of the rollouts (learner/update.py); `tis` also weights each
-    # token by min(pi_learner / pi_engine, tis_cap) against the rollout engine's policy (verl's token-level rollout
-    # correction, rollout_is_threshold 2.0); off as in the release. Logprobs of both are at `temperature`: with
-    # top_p < 1 the engine's are renormalized over the nucleus and the learner's are not, so keep top_p 1 here
-    # auto: none with max_staleness 0 (the release), tis with max_staleness >= 1 (then the loss is decoupled PPO, as
-    # AReaL's: clipped against the learner's proximal logprobs, weighted by the truncated ratio to the behaviour policy)
-    rollout_correction: str = "auto"  # auto, none or tis
-    tis_cap: float = 2.0
-    # bounded staleness: 0, the paper's synchronous step; k >= 1: the rollouts of the next k steps are generated while
-    # the learner updates, on weights at most k updates old (train/staleness.py). Needs a rollout engine with its own
-    # weights (rollout_engine: vllm, or distributed: ray)
-    max_staleness: int = 0
-    partial_rollouts: bool = False  # a push interrupts the generations in flight, which go on with the new weights
-    micro_batch: int = 8  # trajectories per forward pass (when micro_batch_tokens is 0)
-    # tokens per forward pass: trajectories packed without padding up to this budget (0: micro_batch trajectories,
-    # right-padded to the longest); the learner's activation memory follows it, not the longest rollout
-    micro_batch_tokens: int = 0
-    # the LM head's token chunk for the logprobs and entropy (learner/head.py: no full-vocabulary fp32 logits kept for
-    # the backward); 0: the full logits
-    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
-    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
-    # the memory plan (train/plan.py) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in
-    # GiB (0: this machine's GPU), and false to start anyway
-    gpu_memory_gib: float = 0.0
-    memory_check: bool = True
-    sandbox_workers: int = 2  # warm sandbox workers in this process (distributed: ray uses ray.sandbox_workers)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
-    dtype: str = "auto"
-    format: str = "hermes"
-    answer_extraction: str = ""  # how the reward reads the answer (chat_format.EXTRACTIONS); "": the format's (paper)
-    # the SFT -> RL hand-off, on step 0's rollouts before the first update (start_check.py): a policy whose answers
-    # the reward cannot read stops the run with what to fix; 0 turns a threshold off
-    start_check: StartCheck = field(default_factory=StartCheck)
-    # after every push the engine and the learner score a fixed probe; past the bound (null: from their dtypes) the run
-    # stops with PushCheckError, a push that silently did nothing (push_check.py)
-    push_check: PushCheck = field(default_factory=PushCheck)
-    seed: int = 0
-    out: str = "runs/rl"
-    save_every: int = 0  # steps; stage ends always save
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # layout, export dtype, write timeout
-    db: str | None = None
-    run: str | None = None
-    tensorboard: bool = False  # per-step metrics to out/tensorboard, when tensorboard is installed
-    wandb_project: str | None = None  # ... and to this Weights & Biases project, when wandb is installed
-    data_dir: str | None = None  # benchmark mirrors that curating a stage's sources decontaminates against
-    distributed: str = "none"  # none: one process (rollout_engine below); ray: learner/ray_group.py
-    # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
-    # continuous batching, the new weights pushed after each update. engine_options: VLLMEngine's (kv_cache_gib...)
-    rollout_engine: str = "hf"
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    ray: RayConfig = field(default_factory=RayConfig)
-    # where the learner and the rollout engines sit on the GPUs: separate (each on GPUs of its own), or colocated (the
-    # same GPUs, as verl's hybrid engine: the engines asleep during the update, the new weights pushed in place;
-    # synchronous steps only). learner/colocated.py
-    placement: str = "separate"
-    # how the new weights reach the rollout engines after each update (train/push: auto, shared, chunked, ipc, nccl,
-    # collective, object_store); auto picks by the placement
-    weight_push: str = "auto"
-    sleep_level: int = 1  # colocated: vLLM's sleep level for the update (1: weights to host memory, KV cache dropped)
-
-    @property
-    def rollouts_per_prompt(self) -> int:
-        """2G with Resample-on-Correct (G are kept), G without."""
-        return 2 * self.group_size if self.roc else self.group_size
-
-
-def check_staleness(cfg: RLConfig) -> None:
-    if not isinstance(cfg.max_staleness, int) or cfg.max_staleness < 0:
-        raise ValueError(f"max_staleness must be 0 (synchronous) or a positive number of policy versions, not "
-                         f"{cfg.max_staleness!r}")
-    if (cfg.max_staleness or cfg.partial_rollouts) and cfg.distributed == "none" and cfg.rollout_engine == "hf":
-        raise ValueError("max_staleness >= 1 and partial_rollouts need a rollout engine with its own weights: the hf "
-                         "engine in this process shares the learner's model, which the update changes under it. Set "
-                         "rollout_engine: vllm (or distributed: ray)")
-
-
-PLACEMENTS = ("separate", "colocated")
-
-
-def check_placement(cfg: RLConfig) -> None:
-    if cfg.placement not in PLACEMENTS:
-        raise ValueError(f"placement must be {' or '.join(PLACEMENTS)}, not {cfg.placement!r}")
-    if cfg.placement != "colocated":
-        return
-    if cfg.max_staleness or cfg.partial_rollouts:
-        raise ValueError("placement: colocated runs synchronous steps (the engines sleep while the learner updates on "
-                         "the same GPUs, so no rollout can run beside the update): set max_staleness: 0 and "
-                         "partial_rollouts: false, or use placement: separate (the learner and the engines on GPUs of "
-                         "their own) for bounded staleness")
-    if cfg.distributed == "ray" and cfg.ray.rollout_workers != cfg.ray.learners:
-        raise ValueError(f"placement: colocated puts one rollout worker on each learner rank's GPU: set "
-                         f"ray.rollout_workers to ray.learners ({cfg.ray.learners}), not {cfg.ray.rollout_workers}")
-    if cfg.distributed == "ray" and int(cfg.ray.engine_options.get("tensor_parallel_size", 1)) != 1:
-        raise ValueError("placement: colocated runs one engine per GPU (data parallel across the node's GPUs): set "
-                         "ray.engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
-                         "span GPUs")
-    if cfg.sleep_level not in (1, 2):
-        raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "
-                         f"not {cfg.sleep_level!r}")
-    choose(cfg)  # the placement's weight push (colocated on GPUs: CUDA IPC), refused here by name when it cannot run
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
@@ -218,14 +77,20 @@ def update_config(cfg: RLConfig, pad_id: int) -> UpdateConfig:
                         ppo_mini_batches=cfg.ppo_mini_batches)
 
 
-def check_micro_batch_tokens(cfg: RLConfig) -> None:
-    """A token budget holds the longest response a stage allows (a longer trajectory would be a micro-batch of its
-    own, over the budget the learner's memory is planned for)."""
-    longest = max((s.max_response_tokens for s in cfg.stages), default=0)
-    if cfg.micro_batch_tokens and cfg.micro_batch_tokens < longest:
-        raise ValueError(f"micro_batch_tokens ({cfg.micro_batch_tokens}) is below the longest stage's "
-                         f"max_response_tokens ({longest}): set micro_batch_tokens to at least {longest} plus the "
-                         f"prompt length, or 0 for micro_batch trajectories per forward pass")
+def check_recipe(cfg: RLConfig) -> Choice:
+    """Every check of the recipe, before anything loads: its fields (config.py), RoC's sizes, the placement's weight
+    push (refused here by name when it cannot run: colocated on GPUs pushes through CUDA IPC), the update's fields.
+    Returns the weight push, chosen once (train/push): its backend and what the engine must hold."""
+    check_distributed(cfg)
+    if cfg.roc:
+        check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
+    check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
+    check_staleness(cfg)
+    check_placement(cfg)
+    choice = choose(cfg)
+    update_config(cfg, 0)
+    check_micro_batch_tokens(cfg)
+    return choice
 
 
 class RLRun:
@@ -234,17 +99,10 @@ class RLRun:
     one), used instead of the backend's."""
 
     def __init__(self, cfg: RLConfig, resume: bool = False, engine: Engine | None = None):
-        where = backend(cfg)  # validates distributed and rollout_engine first
-        if cfg.roc:
-            check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
-        check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
-        check_staleness(cfg)
-        check_placement(cfg)
-        update_config(cfg, 0)  # the update's fields are checked before anything loads
-        check_micro_batch_tokens(cfg)
+        self.choice = check_recipe(cfg)
+        where = backend(cfg)
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
-        self.choice = choose(cfg)  # the weight push, once (train/push): its backend and what the engine must hold
         self.push = make_push(self.choice, cfg.distributed, cfg.ray.weight_bucket_mb)
         self.cfg, self.backend, self.given_engine = cfg, where, engine
         self.colocation: Colocation | None = None

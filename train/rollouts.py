@@ -14,7 +14,6 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat, answer_blocks, default_extraction, extract_answer, well_formed_answer
@@ -24,11 +23,9 @@ from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.store import Store, sample_row
 from rstar2_agent.trajectory import Trajectory
 
+from .config import RLConfig, Stage
 from .roc import RolloutStats, release_penalty
 from .staleness import VersionGate, Versions
-
-if TYPE_CHECKING:
-    from .rl import RLConfig, Stage
 
 log = logging.getLogger(__name__)
 Prompt = tuple[str, str, str]  # (problem id, question, gold answer)

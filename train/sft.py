@@ -15,7 +15,6 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,50 +23,13 @@ import torch
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
+from .config import SFTConfig
 from .data.chat_data import DataStats, Example, Row, collate, pack
 from .data.sft_mix import load_mix, render_parts, report
-from .learner.checkpoint import CheckpointConfig
-from .learner.model import GROUP_TIMEOUT_S, OptimConfig, TorchLearner
+from .learner.model import TorchLearner
 from .run_frame import RunFrame, resume_from, save_checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SFTConfig:
-    model: str = "smollm2-135m"  # registry name, folder or hub id
-    data: list[str] = field(default_factory=lambda: ["synthetic:512:0"])  # see data/converters.py and data/sft_mix.py
-    hub_dir: str | None = None  # read hub:ORG/NAME sources from hub_dir/ORG/NAME (local copies of the hub sets)
-    seq_len: int = 1024  # packed row length; longer conversations are dropped or truncated (`overlong`)
-    micro_batch: int = 4  # packed rows per forward pass
-    grad_accum: int = 1  # micro-batches per optimizer step (per process)
-    # examples per optimizer step, as the paper counts its batch (128); they are packed into rows of seq_len for the
-    # forward passes, micro_batch rows each, however many that takes (grad_accum is then unused). 0: a step is
-    # micro_batch x grad_accum x processes packed rows, each holding several examples
-    batch_examples: int = 0
-    epochs: float = 1.0
-    max_steps: int | None = None  # overrides epochs
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
-    gradient_checkpointing: bool = False
-    gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan.py
-    memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit
-    format: str = "hermes"
-    # rstar2-paper targets: "format" converts assistant turns without the paper's shape (</reason> before each call,
-    # each answer in <answer></answer>: what the RL reward reads) deterministically; "as_written" trains the rows'
-    # own text (data/target_shape.py). Either way the run's info reports each source's shares
-    target_shape: str = "format"
-    seed: int = 0
-    out: str = "runs/sft"
-    save_every: int = 0  # steps; 0: only at the end
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # layout, export dtype, write timeout
-    group_timeout_s: float = GROUP_TIMEOUT_S  # each collective of the torchrun ranks' group
-    on_bad_line: str = "skip"  # skip or fail
-    overlong: str = "drop"  # drop or truncate
-    db: str | None = None  # the store (default $RSTAR2_HOME/rstar2.db)
-    run: str | None = None  # run name in the store (default: the out folder's name)
-    tensorboard: bool = False  # when installed
-    wandb_project: str | None = None  # when installed
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

@@ -7,30 +7,12 @@ here, before anything is updated or saved, with what to fix. A resumed run past 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from rstar2_agent.chat_format import extract_answer
 
-from .rollouts import without_engine_errors
-
-if TYPE_CHECKING:
-    from .rollouts import Batch
+from .config import StartCheck
+from .rollouts import Batch, without_engine_errors
 
 CUT_OFF = ("max_tokens", "max_turns", "engine_error")  # what the reward scores 0 whatever the answer (rollouts.py)
-
-
-@dataclass
-class StartCheck:
-    """The thresholds; 0 turns each off (a base model started on purpose, the tests' random tiny model)."""
-    min_answer_share: float = 0.02  # rollouts that end with an answer the reward can read
-    min_signal_share: float = 0.0  # groups with both a right and a wrong rollout (off by default: a hard start is fine)
-
-    def __post_init__(self) -> None:
-        for name in ("min_answer_share", "min_signal_share"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"start_check.{name} is a share between 0 and 1 (0: no check), not {value!r}")
 
 
 class BlindStart(RuntimeError):

@@ -51,8 +51,9 @@ def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
     from rstar2_agent.models import ModelError
 
+    from .config import SFTConfig
     from .data.chat_data import DataError
-    from .sft import SFTConfig, run_sft
+    from .sft import run_sft
 
     cfg = _recipe(SFTConfig, recipe, overrides)
     _memory_check(cfg, "sft", recipe)
@@ -71,7 +72,8 @@ def rl_cmd(recipe, resume, overrides) -> None:
     from rstar2_agent.benchmark_data import DataError
     from rstar2_agent.models import ModelError
 
-    from .rl import RLConfig, run_rl
+    from .config import RLConfig
+    from .rl import run_rl
 
     cfg = _recipe(RLConfig, recipe, overrides)
     _memory_check(cfg, "rl", recipe)
@@ -121,9 +123,8 @@ def plan_cmd(recipe, gpus, gpu_memory_gib, prompt_tokens, logits_chunk, receive,
     import yaml
 
     from . import recipe as recipes
+    from .config import RLConfig, SFTConfig
     from .plan import PROMPT_TOKENS, PlanError, gpu_memory_here, plan_rl, plan_sft, render, to_json
-    from .rl import RLConfig
-    from .sft import SFTConfig
     from .shapes import ShapeError, model_shape
 
     try:
@@ -199,7 +200,7 @@ def ablation_cmd(recipe, seeds, steps, out, with_2g, final_steps, probe_prompts,
 
     from .ablation.experiment import CURVES, run_ablation, write_outputs
     from .ablation.probe import ProbeSettings, value
-    from .rl import RLConfig
+    from .config import RLConfig
 
     cfg = _recipe(RLConfig, recipe, overrides)
     if len(cfg.stages) != 1:

@@ -35,8 +35,9 @@ from typing import Any
 from rstar2_agent.stats import Z95, RatioInterval, paired_ratio_bootstrap, student_t_cdf
 from rstar2_agent.store import Store
 
+from ..config import RLConfig
 from ..report import metrics_by_step
-from ..rl import RLConfig, run_rl
+from ..rl import run_rl
 from ..run_frame import checkpoints
 from .probe import ProbeJob, ProbeSettings, cells, probe_problems, probe_settings, run_probes, stored, value
 

@@ -29,8 +29,8 @@ from rstar2_agent import synthetic, tool_tasks
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
+from ..config import RLConfig, Stage
 from ..learner.backend import local_engine, local_sandbox
-from ..rl import RLConfig, Stage
 from ..rollouts import Rollouts, rollout_stats
 
 log = logging.getLogger(__name__)

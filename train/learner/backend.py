@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rstar2_agent.engines import Engine, make_engine
 from rstar2_agent.models import ResolvedModel
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 
+from ..config import RLConfig, check_distributed
 from .protocol import Learner
 
-if TYPE_CHECKING:
-    from ..rl import RLConfig
-
-DISTRIBUTED = ("none", "ray")
-ROLLOUT_ENGINES = ("hf", "vllm")
 VLLM_DEFAULTS: dict[str, Any] = {"kv_cache_gib": 1.0, "max_num_seqs": 64}  # one process on a CPU: a small KV cache
 
 
@@ -40,16 +36,9 @@ class Backend(Protocol):
         `transfer`: vLLM's weight transfer its workers hold, as the weight push chose (train/push)."""
 
 
-def check(cfg: RLConfig) -> None:
-    if cfg.distributed not in DISTRIBUTED:
-        raise ValueError(f"distributed must be {' or '.join(DISTRIBUTED)}, not {cfg.distributed!r}")
-    if cfg.rollout_engine not in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout_engine must be {' or '.join(ROLLOUT_ENGINES)}, not {cfg.rollout_engine!r}")
-
-
 def backend(cfg: RLConfig) -> Backend:
     """The one place that decides where the learner and the engines run."""
-    check(cfg)
+    check_distributed(cfg)
     return RayBackend(cfg) if cfg.distributed == "ray" else LocalBackend(cfg)
 
 

@@ -34,7 +34,6 @@ import random
 import shutil
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,24 +46,11 @@ log = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.pt"
 SHARDS = "dcp"
 LAYOUT = 2  # 1: the HF folder and one trainer_state.pt with the whole optimizer; 2: this module's
-EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+EXPORT_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # config.EXPORT_DTYPES
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message says what to do."""
-
-
-@dataclass
-class CheckpointConfig:
-    export_dtype: str = "fp32"  # the HF export's weights: fp32 (the learner's) or bf16 (half the disk; GPUs serve it)
-    export_shard_mb: float = 5000.0  # the export's safetensors files are cut at this size; a rank holds one at a time
-    timeout_s: float = 3600.0  # how long a rank waits for the others while a checkpoint is written or read
-
-    def __post_init__(self) -> None:
-        if self.export_dtype not in EXPORT_DTYPES:
-            raise ValueError(f"checkpoint.export_dtype must be {' or '.join(EXPORT_DTYPES)}, not {self.export_dtype!r}")
-        if not self.export_shard_mb > 0 or not self.timeout_s > 0:
-            raise ValueError("checkpoint.export_shard_mb and checkpoint.timeout_s must be positive")
 
 
 def io_group(world: int, timeout_s: float) -> Any:
@@ -188,7 +174,7 @@ def export_hf(learner: Any, folder: Path) -> list[str]:
 
     model, cfg, rank = learner.model, learner.checkpoint, learner.rank
     world = 1 if learner.io_group is None else torch.distributed.get_world_size(learner.io_group)
-    dtype = EXPORT_DTYPES[cfg.export_dtype]
+    dtype = EXPORT_TORCH_DTYPES[cfg.export_dtype]
     if getattr(model, "_weight_conversions", None):
         raise CheckpointError(f"{type(model).__name__} stores its weights under other names than it loads them "
                               f"(transformers' weight conversions): the per-tensor export does not rename them")

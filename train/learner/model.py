@@ -13,31 +13,17 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..config import GROUP_TIMEOUT_S, CheckpointConfig, OptimConfig
 from . import checkpoint as ckpt
-from .checkpoint import CheckpointConfig
 from .head import install as install_head
 
 log = logging.getLogger(__name__)
-GROUP_TIMEOUT_S = 600.0  # the learner group's collectives (torch's NCCL default); checkpoints wait on their own group
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_ratio: float = 0.04  # of the total steps
-    warmup_steps: int | None = None  # overrides warmup_ratio
-    schedule: str = "cosine"  # cosine (to min_lr_ratio * lr) or constant, after warm-up
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
 
 
 def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:

@@ -36,9 +36,11 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..config import CheckpointConfig, OptimConfig, RayConfig
 
 if TYPE_CHECKING:
     from .update import UpdateConfig
@@ -46,36 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # a rank's orderly shutdown; past it the rank is killed
 STATE_KEYS_NOT_RETURNED = ("optimizer", "scheduler", "rng")
-
-
-@dataclass
-class RayConfig:
-    address: str | None = None  # a running cluster ("auto", "ray://head:10001"); None: start one here
-    learners: int = 1  # FSDP ranks
-    gpus_per_learner: float = 0.0
-    cpus_per_learner: float = 1.0
-    rollout_workers: int = 2
-    rollout_engine: str = "hf"  # hf or vllm
-    gpus_per_rollout_worker: float = 0.0  # vLLM tensor parallelism: set engine_options.tensor_parallel_size too
-    cpus_per_rollout_worker: float = 1.0
-    engine_options: dict[str, Any] = field(default_factory=dict)  # e.g. {kv_cache_gib: 2, gpu_memory_utilization: 0.8}
-    replica_policy: str = "kv_aware"
-    sandbox_actors: int = 2
-    cpus_per_sandbox_actor: float = 1.0
-    sandbox_workers: int = 2  # warm workers per template in each sandbox actor
-    sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
-    weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
-    weight_bucket_mb: float = 256.0  # collective: whole layers in buckets of at most this; ipc: the packed buffer
-    group_timeout_s: float = 600.0  # each collective of the learner ranks' FSDP group (checkpoints wait apart)
-    max_worker_restarts: int = 3  # per rollout worker (and per sandbox actor): then the run stops with an error
-    # the learner ranks go in one placement group, a bundle of (cpus, gpus)_per_learner each: PACK keeps them on as
-    # few nodes as fit (FSDP's collectives stay on a node's fast links where they can), STRICT_PACK on one node
-    learner_placement: str = "PACK"
-    start_timeout_s: float = 1800.0  # the learner ranks' resources granted, then their model loaded and sharded
-
-    def cpus_needed(self) -> float:
-        return (self.learners * self.cpus_per_learner + self.rollout_workers * self.cpus_per_rollout_worker
-                + self.sandbox_actors * self.cpus_per_sandbox_actor)
 
 
 def learner_placement(cfg: RayConfig, colocated: bool = False) -> Any:
@@ -152,8 +124,7 @@ class LearnerActor:
               gradient_checkpointing: bool = False) -> str:
         import torch
 
-        from .checkpoint import CheckpointConfig
-        from .model import OptimConfig, TorchLearner
+        from .model import TorchLearner
 
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")  # Ray gives each actor its own GPUs
@@ -347,11 +318,9 @@ class LearnerGroup:
         self.plan: list[Any] = []
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
-        # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
-        from .checkpoint import CheckpointConfig
-
         self.colocated = colocated  # each rank's bundle also holds a rollout worker (start_rollout's `bundles`)
         gpus = cfg.gpus_per_learner * (COLOCATED_SHARE if colocated else 1)
+        # a replacement rollout worker asks rank 0 for the last pushed weights while an update may be running
         cls = ray.remote(num_cpus=cfg.cpus_per_learner, num_gpus=gpus,
                          concurrency_groups={"weights": 1})(LearnerActor)
         try:

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import LOGPROB_CHUNK_TOKENS
 from ..loss import ppo_clip_loss, rollout_mismatch, tis_weights, token_entropy, token_logprobs
 from .model import TorchLearner
-
-ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
 
 
 class UpdateStopped(Exception):
@@ -37,9 +36,6 @@ def check_stop(stop: threading.Event | None) -> None:
     waits for one micro-batch, not the whole update (minutes at 14B, and minutes on 2 CPU cores here)."""
     if stop is not None and stop.is_set():
         raise UpdateStopped("the policy update was stopped before its optimizer step; nothing of it is kept")
-
-
-LOGPROB_CHUNK_TOKENS = 1024  # the LM head's token chunk (head.py): at Qwen3's vocabulary about 2 GB of temporaries
 
 
 @dataclass(frozen=True)
@@ -83,15 +79,6 @@ class UpdateItem:
     response_mask: list[int]
     logprobs: list[float]  # the rollout engine's
     advantage: float
-
-
-def check_rollout_correction(mode: str, cap: float) -> None:
-    if mode not in ROLLOUT_CORRECTIONS:
-        raise ValueError(f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, not {mode!r} "
-                         "(tis: truncated importance weights against the rollout engine's policy; auto: none, or tis "
-                         "when max_staleness >= 1)")
-    if not cap > 0:
-        raise ValueError(f"tis_cap must be a positive number (verl's default is 2.0), not {cap!r}")
 
 
 def policy_update(learner: TorchLearner, items: list[UpdateItem], cfg: UpdateConfig, total_tokens: int, *,

@@ -25,10 +25,9 @@ a mix that `PushError.mixed` says, which the next push replaces whole; the run's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..rl import RLConfig
+from ..config import RLConfig
 
 BACKENDS = ("auto", "shared", "chunked", "ipc", "nccl", "collective", "object_store")
 LOCAL = ("shared", "chunked", "ipc")
