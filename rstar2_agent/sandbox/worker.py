@@ -75,11 +75,14 @@ class Worker:
         try:
             # No preexec_fn: Python code between fork and exec in this multi-threaded process (engine threads,
             # uvicorn) runs every library's at-fork handler in the child, and one that waits on a lock another
-            # thread held at the fork hangs the child before exec (see ProcessCap.wrap).
+            # thread held at the fork hangs the child before exec (see launcher.py).
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=launch.env or None,
                 limit=1 << 26, start_new_session=True, pass_fds=launch.pass_fds)
+        except BaseException:  # not spawned, or cancelled (asyncio then kills what it spawned): undo the rest
+            await asyncio.shield(self.close())
+            raise
         finally:
             for fd in launch.pass_fds:
                 os.close(fd)
@@ -97,6 +100,12 @@ class Worker:
         if hello.get("op") != "ready":
             await self.kill()
             raise WorkerDied(f"sandbox worker sent {hello!r} instead of ready")
+        self._remove_stage()  # bwrap has made its mounts: the host's empty staging folders are not needed
+
+    def _remove_stage(self) -> None:
+        if self.stage:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
 
     async def call(self, code: str, stdin: str, timeout: float | None) -> ExecResult:
         """Run one program. Raises WorkerDied when the runner is gone (the caller restarts it)."""
@@ -249,9 +258,7 @@ class Worker:
             self._stderr_task.cancel()
         if self.cgroup is not None:
             self.cgroup.remove()
-        if self.stage:
-            shutil.rmtree(self.stage, ignore_errors=True)
-            self.stage = None
+        self._remove_stage()
         if self.host_scratch:
             shutil.rmtree(self.host_scratch, ignore_errors=True)
             self.host_scratch = None
