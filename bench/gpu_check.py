@@ -19,7 +19,7 @@ and a minimal offline tokenizer are saved to a temporary folder, so the project'
 4. memory: one RL update of --mem-rows x --mem-tokens tokens (8192) on a random Qwen3-14B-shaped model (its real
    width, heads and vocabulary) with 2 and 4 layers, with and without gradient checkpointing, under autocast and in
    bf16 weights: the peak memory (torch.cuda.max_memory_allocated; on CPU the resident set's peak) beside the
-   memory plan's estimate (train/plan.py), and the per-layer slope (4 layers minus 2) beside the plan's.
+   memory plan's estimate (train/plan/formulas.py), and the per-layer slope (4 layers minus 2) beside the plan's.
 5. fork, sdpa, fsdp (bench/gpu_probes.py): a fork after the project's GPU count can still use CUDA (and one
    after torch.cuda.is_available() cannot); which SDPA kernels the learner's padded, unpadded and packed masks
    allow at --sdpa-seq on a Qwen3-14B attention; one FSDP2 rank over NCCL: an update, the optimizer step and the
@@ -353,13 +353,13 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
     of --mem-rows x --mem-tokens tokens) on a random Qwen3 model of --mem-shape at each of --mem-layers depths, with
     and without gradient checkpointing, in each precision: autocast (fp32 weights, bf16 autocast: one process) and
     bf16 (bf16 weights, no autocast: what FSDP2's MixedPrecisionPolicy computes in). The peak above the model, its
-    gradients (allocated first) and its inputs, against the memory plan's estimate (train/plan.py `activations`,
+    gradients (allocated first) and its inputs, against the memory plan's estimate (plan/formulas.py `activations`,
     plus the autocast cache's weight copies)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from rstar2_agent.train.learner.model import TorchLearner
     from rstar2_agent.train.learner.update import UpdateConfig, policy_update
-    from rstar2_agent.train.plan import GIB, activations, compute_copies
+    from rstar2_agent.train.plan.formulas import GIB, activations, compute_copies
     from rstar2_agent.train.shapes import from_config
 
     dims = MEMORY_SHAPES[args.mem_shape]

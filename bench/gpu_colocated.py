@@ -14,7 +14,7 @@ before AdamW's moments exist.
 The plan's figure here: rollout phase = the learner's resident fp32 weights, gradients and AdamW moments
 (16 bytes a parameter; gradients are zeroed to None after a step, so this over-counts by 4) + the engine's bf16
 weights (the hf engine's KV cache and activations are not planned); update phase = the learner's 16 bytes a
-parameter + its bf16 compute copies + the activations of one micro-batch (train/plan.py `activations`,
+parameter + its bf16 compute copies + the activations of one micro-batch (train/plan/formulas.py `activations`,
 `compute_copies`) + nothing of the sleeping engine.
 """
 
@@ -103,7 +103,7 @@ async def _step(k: int, learner: Any, engine: Any, colocation: Any, info: dict[s
 
 def _plan(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """The memory plan's figures for the two phases of this step (see the module docstring for what they hold)."""
-    from rstar2_agent.train.plan import activations, compute_copies
+    from rstar2_agent.train.plan.formulas import activations, compute_copies
     from rstar2_agent.train.shapes import from_config
 
     shape = from_config(json.loads((folder / "config.json").read_text()))

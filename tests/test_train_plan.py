@@ -1,4 +1,4 @@
-"""The memory plan (train/plan.py, `rstar2 train plan`): the 14B recipes fit their clusters and the crashes of issue
+"""The memory plan (train/plan/, `rstar2 train plan`): the 14B recipes fit their clusters and the crashes of issue
 33 (the RL learner's first update, the push's receive buffers beside vLLM, one GPU with the in-process engine) are
 refused before a GPU is rented; the one-node colocated recipes fit both phases of their 80 GB GPUs and chain from
 their SFT recipes; the activation figures against measured peak memory of a scaled-down Qwen3."""
@@ -15,18 +15,16 @@ from click.testing import CliRunner
 
 from rstar2_agent.train import recipe as recipes
 from rstar2_agent.train.config import RLConfig, SFTConfig
-from rstar2_agent.train.plan import (
+from rstar2_agent.train.plan import check_before_run, plan_rl, plan_sft
+from rstar2_agent.train.plan.formulas import (
     VLLM_ASLEEP_GIB,
     LearnerSpec,
     PlanError,
     activations,
-    check_before_run,
     layer_bytes,
     learner_parts,
-    plan_rl,
-    plan_sft,
-    render,
 )
+from rstar2_agent.train.plan.records import render
 from rstar2_agent.train.rehearsal import check_chain
 from rstar2_agent.train.shapes import KNOWN, from_config, model_shape
 from rstar2_agent.train.train_commands import train_group

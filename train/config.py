@@ -130,7 +130,7 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False
-    gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan.py
+    gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan/
     memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit
     format: str = "hermes"
     # rstar2-paper targets: "format" converts assistant turns without the paper's shape (</reason> before each call,
@@ -215,7 +215,7 @@ class RLConfig:
     # the backward); 0: the full logits
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
-    # the memory plan (train/plan.py) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in
+    # the memory plan (train/plan/) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in
     # GiB (0: this machine's GPU), and false to start anyway
     gpu_memory_gib: float = 0.0
     memory_check: bool = True

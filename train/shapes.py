@@ -1,5 +1,5 @@
 """A decoder's shape (hidden size, layers, heads, KV heads, head size, MLP width, vocabulary) for the memory plan
-(plan.py), from the model's config.json when it is on disk, else from a small table of the models the recipes
+(plan/), from the model's config.json when it is on disk, else from a small table of the models the recipes
 name, so that `rstar2 train plan` needs no network and no weights. Only Qwen3/Qwen2/Llama-style decoders."""
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ def rl_cmd(recipe, resume, overrides) -> None:
 
 
 def _memory_check(cfg, kind: str, recipe: str) -> None:
-    """The memory plan before a GPU run (train/plan.py `check_before_run`): a recipe that cannot fit stops here."""
-    from .plan import PlanError, check_before_run
+    """The memory plan before a GPU run (train/plan `check_before_run`): a recipe that cannot fit stops here."""
+    from .plan import check_before_run
+    from .plan.formulas import PlanError
 
     try:
         check_before_run(cfg, kind, recipe)
@@ -124,7 +125,10 @@ def plan_cmd(recipe, gpus, gpu_memory_gib, prompt_tokens, logits_chunk, receive,
 
     from . import recipe as recipes
     from .config import RLConfig, SFTConfig
-    from .plan import PROMPT_TOKENS, PlanError, gpu_memory_here, plan_rl, plan_sft, render, to_json
+    from .plan import plan_rl, plan_sft
+    from .plan.formulas import PROMPT_TOKENS, PlanError
+    from .plan.planner import gpu_memory_here
+    from .plan.records import render, to_json
     from .shapes import ShapeError, model_shape
 
     try:

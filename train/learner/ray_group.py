@@ -76,7 +76,7 @@ def learner_placement(cfg: RayConfig, colocated: bool = False) -> Any:
 
 PLACEMENTS = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 # colocated: the share of each bundle's GPU that Ray accounts to the learner rank; the rollout worker takes the rest.
-# Ray's accounting only (both processes see the whole GPU): what each may hold is the memory plan's (train/plan.py),
+# Ray's accounting only (both processes see the whole GPU): what each may hold is the memory plan's (train/plan/),
 # the engine's through gpu_memory_utilization
 COLOCATED_SHARE = 0.5
 

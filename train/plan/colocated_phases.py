@@ -1,4 +1,4 @@
-"""The colocated placement's memory plan (`placement: colocated`, learner/colocated.py), which plan.py's `plan_rl`
+"""The colocated placement's memory plan (`placement: colocated`, learner/colocated.py), which planner.py's `plan_rl`
 calls: each GPU holds one learner rank and one engine shard (`ray.rollout_workers` x tensor_parallel_size =
 `ray.learners`; one GPU without Ray), in two phases planned apart, and the GPU must fit the larger
 (`colocated_phases`). Rollout: vLLM awake (its `gpu_memory_utilization` share: weights, forward, KV cache) beside
@@ -8,52 +8,32 @@ push's transient, `push_transient`). Planned apart because the phases never over
 allocator's cache before the engine's KV cache wakes, and the engine sleeps through the update.
 
 The host memory (`Host`): the sleeping engines' weights at sleep level 1 (pinned copies), nothing at level 2,
-checked against the node's memory when the plan runs on it (`_node_host_memory`). What makes each phase fit
-(`_colocated_advice`): vLLM's share in the rollout phase, the learner's settings in the update phase, sleep level 2
+checked against the node's memory when the plan runs on it (`node_host_memory`). What makes each phase fit
+(`colocated_advice`): vLLM's share in the rollout phase, the learner's settings in the update phase, sleep level 2
 for the host. The formulas and what they leave out: docs/memory.md, "Colocated".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from .plan import (
+from ..shapes import Shape
+from .formulas import (
     DEFAULT_UTILIZATION,
     FRAGMENTATION,
     GIB,
-    GPU,
     VLLM_ASLEEP_GIB,
     LearnerSpec,
-    Plan,
     PlanError,
-    _host_memory_gib,
-    _learner_advice,
     engine_parts,
+    host_memory_here,
+    learner_advice,
 )
-from .shapes import Shape
-
-
-# ------------------------------------------------------------------------------------------------ host memory
-@dataclass
-class Host:
-    """Host memory a colocated node needs for its sleeping engines: their weights at sleep level 1 (pinned copies),
-    nothing at level 2. `capacity_gib`: the node's memory when the plan runs on it (`check_before_run`), else None
-    (shown, not checked)."""
-    offload_gib: float
-    capacity_gib: float | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.capacity_gib is None or self.offload_gib <= self.capacity_gib
-
-    def as_json(self) -> dict[str, Any]:
-        return {"offload_gib": round(self.offload_gib, 2), "fits": self.fits,
-                "capacity_gib": None if self.capacity_gib is None else round(self.capacity_gib, 1)}
+from .records import GPU, Host, Plan
 
 
 # ------------------------------------------------------------------------------------------------ the two phases
-def _colocated(cfg: Any) -> bool:
+def is_colocated(cfg: Any) -> bool:
     """A colocated placement the plan models: vLLM engines (the hf engine's own weights are not planned)."""
     engine = cfg.ray.rollout_engine if cfg.distributed == "ray" else cfg.rollout_engine
     return getattr(cfg, "placement", "separate") == "colocated" and engine == "vllm"
@@ -126,7 +106,7 @@ def push_transient(s: Shape, receive: str, bucket_mb: float, weights_gib: float)
 
 
 # ------------------------------------------------------------------------------------------------ advice
-def _colocated_advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float) -> list[str]:
+def colocated_advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacity: float) -> list[str]:
     """What makes each phase of a colocated plan fit: vLLM's share in the rollout phase, the learner's settings in
     the update phase (in what the sleeping engine and the push leave it), sleep level 2 for the host."""
     rollout, update = plan.gpus
@@ -135,7 +115,7 @@ def _colocated_advice(plan: Plan, s: Shape, spec: LearnerSpec, cfg: Any, capacit
         out += _colocated_util_advice(rollout, capacity, cfg, spec.world)
     if not update.fits:
         beside = sum(v for k, v in update.parts.items() if k.startswith(("vllm", "push")))
-        out += _learner_advice(s, spec, cfg, capacity - beside, "rl", colocated=True)
+        out += learner_advice(s, spec, cfg, capacity - beside, "rl", colocated=True)
     if plan.host is not None and not plan.host.fits:
         out.append(f"set sleep_level: 2 (the sleeping engines' weights, {plan.host.offload_gib:.0f} GiB, are then not "
                    f"kept in host memory, which has {plan.host.capacity_gib:.0f} GiB; the push brings new ones)")
@@ -165,9 +145,9 @@ def _colocated_util_advice(g: GPU, capacity: float, cfg: Any, world: int) -> lis
 
 
 # ------------------------------------------------------------------------------------------------ before a run
-def _node_host_memory(cfg: Any) -> float | None:
+def node_host_memory(cfg: Any) -> float | None:
     """This machine's memory when a colocated run's engines sleep on it (one process, or a Ray cluster started
     here), against which the plan checks their weights at sleep level 1; None otherwise (another node's)."""
-    if not _colocated(cfg) or (cfg.distributed == "ray" and cfg.ray.address is not None):
+    if not is_colocated(cfg) or (cfg.distributed == "ray" and cfg.ray.address is not None):
         return None
-    return _host_memory_gib()
+    return host_memory_here()
