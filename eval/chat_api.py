@@ -26,6 +26,9 @@ from rstar2_agent.engines.base import call_seed
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import Trajectory, Turn
 
+# servers that take vLLM's chat_template_kwargs (what /v1/models gives as owned_by)
+TEMPLATE_KWARGS_SERVERS = ("rstar2", "vllm", "sglang")
+
 
 class ChatAPIAgent:
     def __init__(self, url: str, model: str | None, api_key: str | None, sandbox: Sandbox | None,
@@ -36,16 +39,35 @@ class ChatAPIAgent:
         self.client = AsyncOpenAI(base_url=base if base.endswith("/v1") else base + "/v1", api_key=api_key or "none",
                                   timeout=timeout, max_retries=0)  # the harness retries, with back-off
         self.model, self.sandbox = model, sandbox
+        self.owner: str | None = None  # the serving software, as /v1/models says (owned_by)
 
     async def _model(self) -> str:
-        if self.model is None:
-            models = await self.client.models.list()
-            self.model = models.data[0].id
+        if self.model is None or self.owner is None:
+            import openai
+
+            try:
+                models = await self.client.models.list()
+            except openai.OpenAIError:
+                if self.model is None:
+                    raise
+                self.owner = ""  # a server without /v1/models: nothing known of its template
+                return self.model
+            self.model = self.model or models.data[0].id
+            self.owner = next((m.owned_by for m in models.data if m.id == self.model), "") or ""
         return self.model
+
+    async def _template_kwargs(self, problem_prefix: bool) -> Any:
+        """`problem_prefix=False` (IFEval, Arena-Hard: the benchmark's prompt alone): vLLM's `chat_template_kwargs`
+        to the servers whose templates may add the math-problem instruction (rstar2 serve in an rStar2 format, or
+        vLLM/SGLang serving the release's template); other servers get the user's text as it is, as always."""
+        await self._model()
+        if problem_prefix or self.owner not in TEMPLATE_KWARGS_SERVERS:
+            return None
+        return {"chat_template_kwargs": {"problem_prefix": False}}
 
     async def __call__(self, prompt: str | list[dict[str, Any]], cfg: AgentConfig,
                        tools: list[dict[str, Any]] | None = None, seed: int | None = None,
-                       execute: Execute | None = None) -> Trajectory:
+                       execute: Execute | None = None, problem_prefix: bool = True) -> Trajectory:
         import openai
 
         tools = default_tools() if tools is None else tools
@@ -54,7 +76,7 @@ class ChatAPIAgent:
             {"role": "user", "content": USER_TEMPLATE.format(problem=prompt)}]
         messages = list(messages)
         traj, t_start = Trajectory(prompt_ids=[]), time.monotonic()
-        used = 0
+        used, extra = 0, await self._template_kwargs(problem_prefix)
         for turn_index in range(cfg.max_turns):
             room = cfg.max_response_tokens - used
             if room <= 0:
@@ -66,7 +88,7 @@ class ChatAPIAgent:
                     model=await self._model(), messages=messages, tools=tools or openai.NOT_GIVEN,
                     temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                     max_tokens=min(cfg.sampling.max_tokens, room),
-                    seed=openai.NOT_GIVEN if seed is None else call_seed(seed, turn_index))
+                    seed=openai.NOT_GIVEN if seed is None else call_seed(seed, turn_index), extra_body=extra)
             except openai.OpenAIError as e:
                 traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
                 break

@@ -92,14 +92,15 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
 
     async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True):
         """`problem_prefix=False`: messages in a benchmark's own prompt, without the rStar2 templates' math-problem
-        instruction (a chat API's server applies its own template, which this does not reach)."""
+        instruction (over a chat API: asked of the server's template, chat_api.py)."""
         acfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=seed))
         if max_turns is not None:
             acfg.max_turns = max_turns
         if max_calls is not None:
             acfg.max_calls_per_turn = max_calls
         if chat_agent is not None:
-            return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute)
+            return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute,
+                                    problem_prefix=problem_prefix)
         ids = None if problem_prefix else fmt.render_prompt(prompt, tools, problem_prefix=False)
         return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute, prompt_ids=ids)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -118,8 +119,9 @@ class Server:
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def render(self, fmt: ChatFormat, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-        return await self.off_loop(fmt.render_prompt, messages, tools)
+    async def render(self, fmt: ChatFormat, messages: list[dict[str, Any]], tools: Any, problem_prefix: bool = True
+                     ) -> list[int]:
+        return await self.off_loop(functools.partial(fmt.render_prompt, messages, tools, problem_prefix=problem_prefix))
 
     # ------------------------------------------------------------------ helpers
     def check_model(self, name: str | None) -> None:
@@ -502,7 +504,8 @@ def create_app(server: Server, *, manage: bool = True) -> FastAPI:
         server.check_model(req.model)
         server.check_caps(req)
         constraint = server.forced_call(req)  # refused before anything runs
-        prompt = await server.render(server.format_for(req), req.messages, req.tools)  # once per request
+        prompt = await server.render(server.format_for(req), req.messages, req.tools,  # once per request
+                                     (req.chat_template_kwargs or {}).get("problem_prefix", True))
         server.check_fits(prompt, req.budget(), "messages", req.budget_param())
         cid = new_id("chatcmpl")
         current_request.set(cid)  # the tasks below inherit it: a stall names the request

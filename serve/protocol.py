@@ -309,6 +309,19 @@ class ChatRequest(_Request):
     tool_timeout: float | None = Field(default=None, gt=0, le=600)
     format: Literal["hermes", "markdown", "rstar2-release", "rstar2-paper", "template"] | None = None
     separate_reasoning: bool | None = None  # SGLang's field: false keeps the raw text as content; None: the server's
+    # vLLM's field: keyword arguments of the chat template; the rStar2 formats take `problem_prefix` (false: user
+    # turns as written, without the math-problem instruction, as IFEval and Arena-Hard are run)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (kwargs or {}).items():
+            if key != "problem_prefix":
+                raise InvalidField(f"chat_template_kwargs.{key}", "chat_template_kwargs takes only problem_prefix")
+            if not isinstance(value, bool):
+                raise InvalidField("chat_template_kwargs.problem_prefix", "problem_prefix is true or false")
+        return kwargs
 
     @field_validator("messages")
     @classmethod

@@ -146,6 +146,39 @@ async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
     assert all(s.tokens > 0 and s.stop_reason in ("answer", "no_tool_call", "max_tokens") for s in result.samples)
 
 
+async def test_a_benchmarks_own_prompt_reaches_an_rstar2_server_without_the_math_instruction(engine, sandbox):
+    """IFEval and Arena-Hard send the benchmark's prompt alone (problem_prefix=False). Over --api chat to rstar2
+    serve in an rStar2 format, whose template adds the math-problem instruction to every user turn, the client asks
+    the server's template not to (vLLM's chat_template_kwargs), so the server renders what the token path renders;
+    a math prompt still gets the instruction."""
+    from rstar2_agent.agent import AgentConfig
+    from rstar2_agent.eval.chat_api import ChatAPIAgent
+    from rstar2_agent.release_format import PROBLEM_PREFIX
+
+    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="rstar2-paper"))
+    rendered: list[str] = []
+    render = server.render
+
+    async def spy(fmt, messages, tools, problem_prefix=True):  # what the real render gave, decoded
+        ids = await render(fmt, messages, tools, problem_prefix)
+        rendered.append(fmt.decode(ids))
+        return ids
+
+    server.render = spy
+    cfg = AgentConfig(max_turns=1)
+    cfg.sampling.max_tokens = 4
+    async with uvicorn_app(create_app(server, manage=False)) as url:
+        agent = ChatAPIAgent(url, None, None, None)
+        try:
+            await agent([{"role": "user", "content": "Write a haiku about rain."}], cfg, tools=[], problem_prefix=False)
+            await agent([{"role": "user", "content": "What is 2 + 3?"}], cfg, tools=[])
+        finally:
+            await agent.close()
+    assert agent.owner == "rstar2" and len(rendered) == 2
+    assert "Write a haiku about rain." in rendered[0] and PROBLEM_PREFIX not in rendered[0]
+    assert PROBLEM_PREFIX + "What is 2 + 3?" in rendered[1]
+
+
 def scripted_chat_server() -> FastAPI:
     """An OpenAI chat endpoint whose model is scripted (SmolLM2 does not write Hermes tool calls, which this path
     needs): it asks for Python first, then answers with what the tool printed."""
