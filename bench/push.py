@@ -43,8 +43,9 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.models import resolve_model
     from rstar2_agent.train.config import OptimConfig, RayConfig
-    from rstar2_agent.train.learner.ray_group import LearnerGroup, start_rollout
+    from rstar2_agent.train.learner.ray_group import LearnerGroup
     from rstar2_agent.train.push.collective import nbytes
+    from rstar2_agent.train.rollout.workers import start_rollout
 
     resolved = resolve_model(model)
     cfg = RayConfig(learners=1, cpus_per_learner=cpus, rollout_workers=workers, cpus_per_rollout_worker=cpus,

@@ -35,7 +35,7 @@ def pause(stop: threading.Event | None = None) -> None:
 def install(point: str, step: int) -> None:
     from rstar2_agent.store import Store
     from rstar2_agent.train.learner.local import LocalLearner
-    from rstar2_agent.train.rollouts import Rollouts
+    from rstar2_agent.train.rollout.rollouts import Rollouts
 
     if point == "rollout":
         original = Rollouts.rollout

@@ -246,7 +246,7 @@ async def test_a_collective_push_loads_into_vllm_bucket_by_bucket(vllm_engine, m
     from test_weight_sync import members
 
     from rstar2_agent.train.push.collective import plan
-    from rstar2_agent.train.ray_engine import EngineActor
+    from rstar2_agent.train.rollout.ray_engine import EngineActor
 
     original = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
     changed = {k: (v * 1.1 if "down_proj" in k else v).to(torch.bfloat16) for k, v in original.items()}

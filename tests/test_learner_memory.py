@@ -244,8 +244,8 @@ def test_a_policy_update_by_token_budget_and_chunks_gives_the_same_gradient(requ
 # ------------------------------------------------------------------------------------------------ the recipe
 def test_the_recipe_carries_the_memory_settings_to_the_update_and_the_learner(tmp_path, tiny_smollm2, monkeypatch):
     from rstar2_agent.train.config import check_micro_batch_tokens
-    from rstar2_agent.train.learner.backend import backend
     from rstar2_agent.train.learner.ray_group import LearnerActor
+    from rstar2_agent.train.placement import choose_placement
     from rstar2_agent.train.recipe import load
     from rstar2_agent.train.rl import update_config
 
@@ -259,9 +259,9 @@ def test_the_recipe_carries_the_memory_settings_to_the_update_and_the_learner(tm
         return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
     cfg = RLConfig(model=tiny_smollm2, dtype="fp32", gradient_checkpointing=True)
-    assert checkpointing(backend(cfg).learner(tiny_smollm2, 2).model)
-    assert not checkpointing(backend(dataclasses.replace(cfg, gradient_checkpointing=False)).learner(tiny_smollm2, 2)
-                             .model)
+    assert checkpointing(choose_placement(cfg).learner(tiny_smollm2, 2).model)
+    plain = dataclasses.replace(cfg, gradient_checkpointing=False)
+    assert not checkpointing(choose_placement(plain).learner(tiny_smollm2, 2).model)
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.setenv(key, "0")  # restored after the test: setup() sets them as Ray's ranks need
     threads = torch.get_num_threads()

@@ -14,7 +14,7 @@ from rstar2_agent.train import rl
 from rstar2_agent.train.config import OptimConfig, RayConfig, Stage
 from rstar2_agent.train.learner.colocated import Colocation
 from rstar2_agent.train.rl import run_rl
-from rstar2_agent.train.rollouts import Rollouts
+from rstar2_agent.train.rollout.rollouts import Rollouts
 
 from conftest import tiny
 

@@ -1,5 +1,5 @@
-"""Bounded staleness (`max_staleness`, train/staleness.py): the version gate on the real in-process vLLM engine
-(a push waits for whole rollouts, or interrupts and continues partial ones with every token's version kept), and
+"""Bounded staleness (`max_staleness`, train/rollout/version_gate.py): the version gate on the real in-process vLLM
+engine (a push waits for whole rollouts, or interrupts and continues partial ones with every token's version kept), and
 `run_rl` with max_staleness 1 on the session's shared engine: the lag stays within the bound, is above 0 where the
 schedule overlaps, the loss gets the behaviour weights, each step is stored once with its rollouts' versions."""
 
@@ -13,7 +13,7 @@ import pytest
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train.config import RLConfig, Stage, StartCheck
 from rstar2_agent.train.rl import RLRun, run_rl
-from rstar2_agent.train.staleness import VersionGate, lag_metrics
+from rstar2_agent.train.rollout.version_gate import VersionGate, lag_metrics
 
 from conftest import count_prompt, until
 
@@ -126,7 +126,7 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
     from rstar2_agent.train.config import OptimConfig
     from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs
     from rstar2_agent.train.loss import grpo_advantages
-    from rstar2_agent.train.rollouts import Batch
+    from rstar2_agent.train.rollout.rollouts import Batch
 
     cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=1, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,

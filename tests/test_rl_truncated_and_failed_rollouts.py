@@ -13,7 +13,7 @@ from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.train.config import RLConfig
-from rstar2_agent.train.rollouts import Rollouts
+from rstar2_agent.train.rollout.rollouts import Rollouts
 
 # Greedy SmolLM2 copies the shots: an <answer> block first, then a sentence after it.
 SHOTS = [{"role": "user", "content": "What is 1+1?"},
@@ -107,7 +107,7 @@ def test_a_rollout_that_failed_in_the_engine_is_no_negative_for_roc(smol_tokeniz
     """A group of 4 with 2 right answers, 1 wrong and 1 engine failure: RoC sees 2 positives and 1 negative (the
     failure, reward 0, would have been a second negative, a learning signal made of an infrastructure fault)."""
     from rstar2_agent.train.roc import Group, resample_on_correct
-    from rstar2_agent.train.rollouts import rollout_stats, without_engine_errors
+    from rstar2_agent.train.rollout.rollouts import rollout_stats, without_engine_errors
     from rstar2_agent.trajectory import Trajectory
 
     def traj(stop: str) -> Trajectory:

@@ -26,7 +26,7 @@ from rstar2_agent.train.roc import (
     resample_on_correct,
     split_counts,
 )
-from rstar2_agent.train.rollouts import rollout_stats
+from rstar2_agent.train.rollout.rollouts import rollout_stats
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn
 
 

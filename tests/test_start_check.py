@@ -1,6 +1,6 @@
-"""The SFT -> RL hand-off check (train/start_check.py): on step 0's own rollouts, the share whose answer the reward
-can read and the share of groups with signal; a policy below the thresholds stops the run before its first update,
-with what to fix. Figures on hand-made batches; then a real run of the 2-layer random SmolLM2 (which writes no
+"""The SFT -> RL hand-off check (train/rollout/start_check.py): on step 0's own rollouts, the share whose answer the
+reward can read and the share of groups with signal; a policy below the thresholds stops the run before its first
+update, with what to fix. Figures on hand-made batches; then a real run of the 2-layer random SmolLM2 (which writes no
 answer) stopped by the default check, with nothing saved."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from rstar2_agent.train.config import StartCheck
 from rstar2_agent.train.rl import run_rl
-from rstar2_agent.train.rollouts import Batch
-from rstar2_agent.train.start_check import BlindStart, check_start, start_figures
+from rstar2_agent.train.rollout.rollouts import Batch
+from rstar2_agent.train.rollout.start_check import BlindStart, check_start, start_figures
 from rstar2_agent.trajectory import Trajectory, Turn
 
 from conftest import tiny

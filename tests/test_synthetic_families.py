@@ -10,7 +10,7 @@ from rstar2_agent.train.config import RLConfig, SFTConfig, Stage
 from rstar2_agent.train.data.chat_data import DataError
 from rstar2_agent.train.data.converters import load_records
 from rstar2_agent.train.recipe import load
-from rstar2_agent.train.rollouts import Rollouts
+from rstar2_agent.train.rollout.rollouts import Rollouts
 
 QUESTION_START = {"primes": "How many prime numbers", "gcd": "What is the greatest common divisor"}
 

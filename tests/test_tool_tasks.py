@@ -102,7 +102,7 @@ def test_the_tooltasks_source_loads_through_load_records():
 def test_the_rl_stage_picks_the_tool_tasks_generator():
     from rstar2_agent.train.config import RLConfig, Stage
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rollouts import Rollouts
+    from rstar2_agent.train.rollout.rollouts import Rollouts
 
     cfg = load(RLConfig, "rl-smollm2-tooltasks-cpu")
     assert cfg.stages[0].data == "tooltasks" and cfg.model == "runs/sft-smollm2-tooltasks-cpu/last"

@@ -227,7 +227,7 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
 # ---------------------------------------------------------------------------------------------- RL stages
 def _pool(stage, out, data_dir=None, pool_ids=None):
     from rstar2_agent.train.config import RLConfig
-    from rstar2_agent.train.rollouts import Rollouts
+    from rstar2_agent.train.rollout.rollouts import Rollouts
 
     return Rollouts(RLConfig(out=str(out), data_dir=data_dir), None, pool_ids=pool_ids).pool(stage)  # no model
 

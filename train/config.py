@@ -20,8 +20,8 @@ PLACEMENTS = ("separate", "colocated")
 
 @dataclass
 class StartCheck:
-    """The recipe's `start_check` (the SFT -> RL hand-off, start_check.py): its thresholds; 0 turns each off (a base
-    model started on purpose, the tests' random tiny model)."""
+    """The recipe's `start_check` (the SFT -> RL hand-off, rollout/start_check.py): its thresholds; 0 turns each off
+    (a base model started on purpose, the tests' random tiny model)."""
     min_answer_share: float = 0.02  # rollouts that end with an answer the reward can read
     min_signal_share: float = 0.0  # groups with both a right and a wrong rollout (off by default: a hard start is fine)
 
@@ -203,8 +203,8 @@ class RLConfig:
     rollout_correction: str = "auto"  # auto, none or tis
     tis_cap: float = 2.0
     # bounded staleness: 0, the paper's synchronous step; k >= 1: the rollouts of the next k steps are generated while
-    # the learner updates, on weights at most k updates old (train/staleness.py). Needs a rollout engine with its own
-    # weights (rollout_engine: vllm, or distributed: ray)
+    # the learner updates, on weights at most k updates old (rollout/version_gate.py). Needs a rollout engine with its
+    # own weights (rollout_engine: vllm, or distributed: ray)
     max_staleness: int = 0
     partial_rollouts: bool = False  # a push interrupts the generations in flight, which go on with the new weights
     micro_batch: int = 8  # trajectories per forward pass (when micro_batch_tokens is 0)
@@ -224,8 +224,8 @@ class RLConfig:
     dtype: str = "auto"
     format: str = "hermes"
     answer_extraction: str = ""  # how the reward reads the answer (chat_format.EXTRACTIONS); "": the format's (paper)
-    # the SFT -> RL hand-off, on step 0's rollouts before the first update (start_check.py): a policy whose answers
-    # the reward cannot read stops the run with what to fix; 0 turns a threshold off
+    # the SFT -> RL hand-off, on step 0's rollouts before the first update (rollout/start_check.py): a policy whose
+    # answers the reward cannot read stops the run with what to fix; 0 turns a threshold off
     start_check: StartCheck = field(default_factory=StartCheck)
     # after every push the engine and the learner score a fixed probe; past the bound (null: from their dtypes) the run
     # stops with PushCheckError, a push that silently did nothing (push_check.py)

@@ -4,14 +4,15 @@ Each step: sample prompts, run 2G rollouts per prompt through the shared agent l
 the learner's weights, so an update is live at once), reward 1/0 by the math grader (truncated rollouts get
 0), keep G per prompt with Resample-on-Correct, then one token-level PPO-clip update against the engine's
 own logprobs. Stages change the response budget, the turn cap, the data, and may filter out the problems
-the current policy already solves k of k and reset the optimizer. The rollout side is `Rollouts` (rollouts.py),
-the learner any backend of the `Learner` protocol (learner/backend.py picks it from the recipe).
+the current policy already solves k of k and reset the optimizer. The rollout side is `Rollouts`
+(rollout/rollouts.py), the learner any implementation of the `Learner` protocol (placement.py picks where the two run
+from the recipe; config.py holds the recipe's types and their checks).
 
 Metrics and every rollout go to the store (and to TensorBoard / Weights & Biases when asked); checkpoints resume
 exactly (the prompts of a step are a function of the seed and the step), and each step is recorded exactly once
 whatever the moment of a kill (see `run_rl`). With `max_staleness: k` >= 1 the batches of the next k steps
 generate while the learner updates, behind a version gate that records each token's policy version
-(staleness.py), and the loss is decoupled PPO.
+(rollout/version_gate.py), and the loss is decoupled PPO.
 """
 
 from __future__ import annotations
@@ -41,18 +42,19 @@ from .config import (
     check_rollout_correction,
     check_staleness,
 )
-from .learner.backend import backend, local_sandbox
 from .learner.colocated import Colocation
 from .learner.protocol import Learner
 from .learner.update import UpdateConfig, UpdateItem
 from .loss import grpo_advantages
+from .placement import choose_placement
 from .push import Choice, choose, make_push
 from .push_check import PushChecker
 from .roc import Group, check_sizes, resample_on_correct
-from .rollouts import Batch, Graded, Rollouts, without_engine_errors
+from .rollout.rollouts import Batch, Graded, Rollouts, without_engine_errors
+from .rollout.start_check import check_start, start_figures
+from .rollout.version_gate import lag_metrics
+from .rollout.workers import local_sandbox
 from .run_frame import RunFrame, resume_from, save_checkpoint
-from .staleness import lag_metrics
-from .start_check import check_start, start_figures
 
 log = logging.getLogger(__name__)
 
@@ -94,17 +96,17 @@ def check_recipe(cfg: RLConfig) -> Choice:
 
 
 class RLRun:
-    """One RL run: the learner (where it runs: `backend`) and the rollouts (engine, sandbox, format, grader), and
-    the step that joins them (`learn`). `engine`: a rollout engine the caller started and stops (the tests share
-    one), used instead of the backend's."""
+    """One RL run: the learner (where it runs: `choose_placement`) and the rollouts (engine, sandbox, format,
+    grader), and the step that joins them (`learn`). `engine`: a rollout engine the caller started and stops (the
+    tests share one), used instead of the placement's."""
 
     def __init__(self, cfg: RLConfig, resume: bool = False, engine: Engine | None = None):
         self.choice = check_recipe(cfg)
-        where = backend(cfg)
+        where = choose_placement(cfg)
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.push = make_push(self.choice, cfg.distributed, cfg.ray.weight_bucket_mb)
-        self.cfg, self.backend, self.given_engine = cfg, where, engine
+        self.cfg, self.placement, self.given_engine = cfg, where, engine
         self.colocation: Colocation | None = None
         last = resume_from(cfg.out, resume)
         self.resolved = resolve_model(str(last) if last else cfg.model)
@@ -121,7 +123,7 @@ class RLRun:
         if self.given_engine is not None:
             engine, sandbox = self.given_engine, local_sandbox(self.cfg)
         else:
-            engine, sandbox = await self.backend.rollout(self.resolved, self.learner, self.choice.engine_transfer)
+            engine, sandbox = await self.placement.rollout(self.resolved, self.learner, self.choice.engine_transfer)
         self.rollouts.attach(engine, sandbox, version=self.learner.step, owns_engine=self.given_engine is None)
         # colocated: the engine sleeps through each update (learner/colocated.py)
         self.colocation = Colocation(engine, self.cfg.sleep_level, release=self.learner.release_memory) \
@@ -192,7 +194,8 @@ class RLRun:
         return kept, {"roc_dropped_groups": len(groups) - len(kept)}, stats
 
     def check_start(self, batch: Batch) -> dict[str, float]:
-        """The hand-off check on the first step's rollouts (start_check.py); its figures, for the step's metrics."""
+        """The hand-off check on the first step's rollouts (rollout/start_check.py); its figures, for the step's
+        metrics."""
         extraction = self.rollouts.grader.extraction
         figures = start_figures(batch, extraction)
         log.info("start check: %.1f%% of %d rollouts with a readable answer, %.1f%% of %d groups with signal",

@@ -30,8 +30,8 @@ from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
 from ..config import RLConfig, Stage
-from ..learner.backend import local_engine, local_sandbox
-from ..rollouts import Rollouts, rollout_stats
+from ..rollout.rollouts import Rollouts, rollout_stats
+from ..rollout.workers import local_engine, local_sandbox
 
 log = logging.getLogger(__name__)
 

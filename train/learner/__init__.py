@@ -1,2 +1,3 @@
-"""The learner side of RL and SFT: the torch model learner, the `Learner` protocol the RL step drives, its
-backends (this process, a Ray group of FSDP ranks), the policy update, and the one function that picks them."""
+"""The learner side of RL and SFT: the torch model learner, the `Learner` protocol the RL step drives and its two
+implementations (this process: local.py; a Ray group of FSDP ranks: ray_group.py), the policy update, checkpoints,
+and the colocated placement's sleep and wake. Which one a run uses is train/placement.py's choice."""

@@ -1,5 +1,5 @@
 """The `Learner` protocol: what the RL step asks of a learner, whichever backend holds it (this process, a Ray group
-of FSDP ranks, or learner and engines sharing GPUs). backend.py picks and builds one from the recipe."""
+of FSDP ranks, or learner and engines sharing GPUs). train/placement.py picks and builds one from the recipe."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`distributed: ray` for `rstar2 train rl`: the learner, the rollout engines and the sandbox as Ray actors.
+"""`distributed: ray` for `rstar2 train rl`: the learner group, beside the rollout engines and the sandbox as Ray
+actors (those start in rollout/workers.py; this group pushes its weights into them).
 
 - Learner group: `learners` actors, each one FSDP2 rank of the same Learner (torch.distributed over NCCL on
   GPUs, gloo on CPU; rank 0's node is the rendezvous). The driver splits the kept rollouts over the ranks;
@@ -14,7 +15,7 @@
   and every rollout worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the
   FSDP group), each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once
   into Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
-  the last pushed weights, so that a rollout worker that died is replaced holding them (ray_engine.py). Every
+  the last pushed weights, so that a rollout worker that died is replaced holding them (rollout/ray_engine.py). Every
   push first pings every worker and replaces the dead (a broadcast that meets a dead member on NCCL ends in the
   watchdog tearing down rank 0, which is also an FSDP rank); the group is rebuilt when its members changed, or at
   once when a push fails anyway (a death during the push: then the push is retried once).
@@ -23,9 +24,9 @@ Checkpoints: every rank writes its own shards of the weights and optimizer, and 
 the checkpoint folder (learner/checkpoint.py), which must be on a filesystem all learner nodes mount; their waits
 run on a gloo group of the ranks under `checkpoint.timeout_s`, never under the FSDP group's `group_timeout_s`.
 
-`ray.init(address)` joins a running cluster; with no address it starts one on this machine, declaring at
-least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs on a
-laptop and is what the tests drive.
+`ray.init(address)` (ray_cluster.py) joins a running cluster; with no address it starts one on this machine,
+declaring at least as many logical CPUs as the actors ask for (they then share the cores), so the same path runs
+on a laptop and is what the tests drive.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig, OptimConfig, RayConfig
+from ..ray_cluster import COLOCATED_SHARE, connect
 
 if TYPE_CHECKING:
     from .update import UpdateConfig
@@ -59,8 +61,9 @@ def learner_placement(cfg: RayConfig, colocated: bool = False) -> Any:
 
     cpus = cfg.cpus_per_learner + (cfg.cpus_per_rollout_worker if colocated else 0)
     bundle = {"CPU": cpus, **({"GPU": cfg.gpus_per_learner} if cfg.gpus_per_learner else {})}
-    if cfg.learner_placement not in PLACEMENTS:
-        raise ValueError(f"ray.learner_placement is one of {', '.join(PLACEMENTS)}, not {cfg.learner_placement!r}")
+    if cfg.learner_placement not in LEARNER_PLACEMENTS:
+        raise ValueError(f"ray.learner_placement is one of {', '.join(LEARNER_PLACEMENTS)}, not "
+                         f"{cfg.learner_placement!r}")
     group = placement_group([bundle] * cfg.learners, strategy=cfg.learner_placement)
     try:
         ray.get(group.ready(), timeout=cfg.start_timeout_s)
@@ -74,28 +77,7 @@ def learner_placement(cfg: RayConfig, colocated: bool = False) -> Any:
     return group
 
 
-PLACEMENTS = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
-# colocated: the share of each bundle's GPU that Ray accounts to the learner rank; the rollout worker takes the rest.
-# Ray's accounting only (both processes see the whole GPU): what each may hold is the memory plan's (train/plan/),
-# the engine's through gpu_memory_utilization
-COLOCATED_SHARE = 0.5
-
-
-def connect(cfg: RayConfig) -> bool:
-    """Connect this process to Ray; True when this call started it (a local cluster, or a connection to
-    `address`), False when the process was connected already (then whoever connected it also disconnects)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"address": cfg.address, "ignore_reinit_error": True, "log_to_driver": False,
-                              "include_dashboard": False}
-    if cfg.address is None:  # a local cluster: the actors share this machine's cores
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(-(-cfg.cpus_needed() // 1)))
-    ray.init(**kwargs)
-    return True
-
-
+LEARNER_PLACEMENTS = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")  # Ray's placement group strategies
 class LearnerActor:
     """One rank of the learner group (wrapped with ray.remote at runtime)."""
 
@@ -405,7 +387,7 @@ class LearnerGroup:
             return
         from rstar2_agent.engines.base import EngineError
 
-        from ..ray_engine import ray_workers
+        from ..rollout.ray_engine import ray_workers
 
         workers = ray_workers(engine)
         await asyncio.gather(*(w.ensure_alive() for w in workers))  # the dead replaced before the broadcast
@@ -516,32 +498,3 @@ class LearnerGroup:
             if self.connected_here:
                 ray.shutdown()
 
-
-async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int,
-                        bundles: Any = None, transfer: str | None = None):
-    """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started). `bundles`: the learner
-    group's placement (colocated): worker i in rank i's bundle, on its GPU, with vLLM's sleep mode. `transfer`: vLLM's
-    weight transfer each vLLM worker holds, as the weight push chose (train/push)."""
-    from rstar2_agent.engines.replicas import ReplicaPool
-    from rstar2_agent.sandbox import SandboxConfig
-    from rstar2_agent.sandbox.ray_pool import RaySandbox
-
-    from ..ray_engine import start_ray_engines
-
-    connect(cfg)
-    options, gpus = cfg.engine_options, cfg.gpus_per_rollout_worker
-    if bundles is not None:
-        gpus = cfg.gpus_per_learner * (1 - COLOCATED_SHARE)
-        if cfg.rollout_engine == "vllm":
-            options = {"sleep_mode": True, **options}
-    if cfg.rollout_engine == "vllm":
-        options = {**options, "weight_transfer": transfer}
-    engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
-                                      context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
-                                      num_gpus=gpus, engine_options=options, max_restarts=cfg.max_worker_restarts,
-                                      bundles=bundles)
-    pool = ReplicaPool(engines, cfg.replica_policy, max_response_tokens=max_response_tokens)
-    sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=cfg.sandbox_workers),
-                         num_cpus_per_actor=cfg.cpus_per_sandbox_actor, max_restarts=cfg.max_worker_restarts,
-                         actor_options={"resources": cfg.sandbox_resources} if cfg.sandbox_resources else None)
-    return pool, sandbox

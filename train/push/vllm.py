@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import PushError
+from .error import PushError
 
 log = logging.getLogger(__name__)
 

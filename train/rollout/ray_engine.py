@@ -94,7 +94,7 @@ class EngineActor:
                                 timeout_s: float) -> None:
         """Join (in a thread: generation goes on meanwhile) the learner's weight-sync group as `rank`, its
         buffers on `device` (the group's: "cuda" when every member has a GPU, else "cpu")."""
-        from .push.collective import WeightGroup
+        from ..push.collective import WeightGroup
 
         self.leave_weight_group()
         self.group = await asyncio.to_thread(WeightGroup, host, port, rank, world, device=device,

@@ -23,9 +23,9 @@ from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.store import Store, sample_row
 from rstar2_agent.trajectory import Trajectory
 
-from .config import RLConfig, Stage
-from .roc import RolloutStats, release_penalty
-from .staleness import VersionGate, Versions
+from ..config import RLConfig, Stage
+from ..roc import RolloutStats, release_penalty
+from .version_gate import VersionGate, Versions
 
 log = logging.getLogger(__name__)
 Prompt = tuple[str, str, str]  # (problem id, question, gold answer)
@@ -84,7 +84,7 @@ class Rollouts:
         """The stage's problems, id -> (question, gold), less those its filter dropped."""
         from rstar2_agent import synthetic, tool_tasks
 
-        from .data.problems import is_problem_data, sample, stage_problems
+        from ..data.problems import is_problem_data, sample, stage_problems
 
         size = 512 if stage.data_size is None else stage.data_size
         if is_problem_data(stage.data):

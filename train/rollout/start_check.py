@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rstar2_agent.chat_format import extract_answer
 
-from .config import StartCheck
+from ..config import StartCheck
 from .rollouts import Batch, without_engine_errors
 
 CUT_OFF = ("max_tokens", "max_turns", "engine_error")  # what the reward scores 0 whatever the answer (rollouts.py)
