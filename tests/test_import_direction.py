@@ -3,7 +3,10 @@ grading, store, chat_format, models, ...), no face imports another, and the core
 entry point (`rstar2_agent.cli`) and the bench floor (`rstar2_agent.bench`, the benchmarks that measure a
 face against its baseline) see every face, and nothing imports the bench but the entry point. Every import
 counts, the lazy ones inside functions and the ones written as strings (importlib.import_module, __import__)
-too."""
+too. Inside a wing, no two modules import each other, directly or round a longer circle: the training wing is
+layered (config at the bottom; the memory plan, the rollout room, the learner room, the placement chooser above
+them; the stage entry points on top), and the walk counts `if TYPE_CHECKING:` imports too, since a circle hidden
+behind one is still a circle a reader has to follow."""
 
 from __future__ import annotations
 
@@ -111,3 +114,91 @@ def test_the_command_line_loads_a_face_only_to_run_it():
             "'fastapi'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def graph(prefix: str) -> dict[str, set[str]]:
+    """Module -> the modules it imports, among the known modules under `prefix` (a package's import of a name in it,
+    `from pkg import name`, counts as an import of the package unless `name` is a module of its own)."""
+    known = modules()
+    out: dict[str, set[str]] = {}
+    for name, path in known.items():
+        if name != prefix and not name.startswith(prefix + "."):
+            continue
+        edges = set()
+        for _, target in imports(name, path.read_text(), path.name == "__init__.py"):
+            module = target if target in known else target.rsplit(".", 1)[0]
+            if module != name and module in known and (module == prefix or module.startswith(prefix + ".")):
+                edges.add(module)
+        out[name] = edges
+    return out
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph: its strongly connected components of two or more modules (Tarjan's), each as
+    one closed path through them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_path(sorted(component), edges))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _path(component: list[str], edges: dict[str, set[str]]) -> list[str]:
+    """A shortest way from the component's first module back to itself, through the component."""
+    inside, start = set(component), component[0]
+    came: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(edges.get(v, set()) & inside):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if w not in came:
+                    came[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return [*component, start]
+
+
+def test_the_training_wing_has_no_import_circle():
+    edges = graph("rstar2_agent.train")
+    assert len(edges) > 50 and "rstar2_agent.train.config" in edges  # the walk sees the whole wing
+    assert not edges["rstar2_agent.train.config"], "config.py is the wing's bottom: it imports no module of the wing"
+    found = circles(edges)
+    assert not found, "import circles in the training wing (move what both need below them):\n" + "\n".join(
+        " -> ".join(c) for c in found)
+
+
+def test_the_circle_walk_finds_a_circle_behind_type_checking_and_a_lazy_import():
+    src = {"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+           "b": "def f():\n    from .c import C\n", "c": "from .a import A\n", "d": "from .a import A\n"}
+    edges = {f"rstar2_agent.x.{m}": {t for _, t in imports(f"rstar2_agent.x.{m}", code) if t.count(".") == 2}
+             for m, code in src.items()}  # the modules each imports (the names imported from them left out)
+    assert circles(edges) == [["rstar2_agent.x.a", "rstar2_agent.x.b", "rstar2_agent.x.c", "rstar2_agent.x.a"]]
