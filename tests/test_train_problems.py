@@ -154,7 +154,35 @@ def test_the_filters_run_in_the_papers_order():
     counts = Counts()
     kept = list(curate(rows, BenchmarkIndex([bench]), counts))
     assert [p.problem for p in kept] == ["What is 6 times 7?"]
-    assert counts.as_json() == {"read": 5, "kept": 1, "dropped": {"non_integer": 2, "duplicate": 1, "contaminated": 1}}
+    assert counts.as_json() == {
+        "read": 5, "kept": 1, "dropped": {"non_integer": 2, "duplicate": 1, "contaminated": 1},
+        "kept_by_source": {"s": 1},
+        "decontamination": {"by_benchmark": {"?": 1}, "top_ngrams": {"one two three four five six seven eight": 1},
+                            "boilerplate_ngrams": 0}}
+
+
+AIME_ENDING = "where $m$ and $n$ are relatively prime positive integers. Find $m+n$."
+
+
+def test_boilerplate_shared_by_many_benchmark_problems_strikes_nothing_and_hits_are_reported():
+    """The AIME sentence "m and n are relatively prime positive integers find m n" ends many benchmark problems:
+    it is the competitions' phrasing, not a problem, so a training problem that uses it is kept (the named rule,
+    `boilerplate`); a training problem that shares a problem's own words is still struck, and the hits are counted
+    by benchmark and by n-gram. boilerplate=0 is the paper's rule as written: the sentence strikes."""
+    bench = [("aime24", f"The probability that two dice sum to seven is $m/n$, {AIME_ENDING}"),
+             ("aime25", f"A circle of radius three touches a square of side four at one corner; its area is $m/n$, "
+                        f"{AIME_ENDING}"),
+             ("hmmt25", f"The ratio of the perimeters of two similar heptagons drawn inside a cube is $m/n$, "
+                        f"{AIME_ENDING}"),
+             ("math500", "Find the number of ordered pairs of positive integers whose product is six factorial.")]
+    training = f"A fair coin is tossed ten times; the chance of exactly four heads is $m/n$, {AIME_ENDING}"
+    index = BenchmarkIndex(bench)
+    assert index.boilerplate and not index.contaminated(training)  # the ending alone strikes nothing
+    copied = "Find the number of ordered pairs of positive integers whose product is six factorial, please."
+    assert index.contaminated(copied)
+    assert index.report()["by_benchmark"] == {"math500": 1}
+    assert list(index.report()["top_ngrams"]) == ["find the number of ordered pairs of positive"]
+    assert BenchmarkIndex(bench, boilerplate=0).contaminated(training)  # the paper's literal rule
 
 
 def test_the_index_reads_the_benchmarks_as_eval_does(monkeypatch):
@@ -178,8 +206,11 @@ def test_the_command_prints_the_counts_and_writes_the_problems(tmp_path, monkeyp
     # dapo 6 read: 2 non-integer, 1 duplicate, 1 contaminated (an AIME fixture behind a preamble), 2 kept;
     # omr 5 read: 1 non-integer, 2 duplicates (a second solution row, a DAPO problem), 1 contaminated, 1 kept;
     # euler 3 read: 1 non-integer, 2 kept
-    assert json.loads(r.stdout) == {"read": 14, "kept": 5,
-                                    "dropped": {"non_integer": 4, "duplicate": 3, "contaminated": 2}}
+    counts = json.loads(r.stdout)
+    assert {k: counts[k] for k in ("read", "kept", "dropped")} == {
+        "read": 14, "kept": 5, "dropped": {"non_integer": 4, "duplicate": 3, "contaminated": 2}}
+    assert counts["kept_by_source"] == {"dapo": 2, "openmathreasoning": 1, "project-euler": 2}
+    assert counts["decontamination"]["by_benchmark"] == {"aime24": 1, "hmmt25": 1}
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [set(row) for row in rows] == [{"problem", "answer", "source"}] * 5
     assert [(row["source"], row["answer"]) for row in rows] == [
@@ -187,8 +218,7 @@ def test_the_command_prints_the_counts_and_writes_the_problems(tmp_path, monkeyp
         ("project-euler", "5702886")]
     again = CliRunner().invoke(train_group, ["problems", f"problems:{out}", "--out", str(tmp_path / "again.jsonl"),
                                              "--data-dir", str(BENCH), "--json"])
-    assert json.loads(again.output) == {"read": 5, "kept": 5,
-                                        "dropped": {"non_integer": 0, "duplicate": 0, "contaminated": 0}}
+    assert json.loads(again.output)["dropped"] == {"non_integer": 0, "duplicate": 0, "contaminated": 0}
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
 
 
@@ -207,9 +237,9 @@ def test_the_command_fails_cleanly_without_benchmark_data(tmp_path, monkeypatch)
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
 def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
     """Five problems of each real benchmark (read from the private mirrors at test time, written nowhere but
-    tmp_path) behind a one-line preamble, among the DAPO fixture: all 25 are contaminated, and so is the fixture's
-    made-up AIME-like problem: "find the remainder when N is divided by 1000" is a run of 8 words that real AIME
-    problems share (the paper's rule is that strict)."""
+    tmp_path) behind a one-line preamble, among the DAPO fixture: all 25 are contaminated, and the fixture's made-up
+    AIME-like problem is kept: "find the remainder when N is divided by 1000" is a run of 8 words that many real
+    AIME problems share, boilerplate (the paper's rule as written, boilerplate 0, struck it)."""
     rows = [json.loads(line) for line in (DATA / "dapo.jsonl").read_text().splitlines()]
     for name, source in SOURCES.items():
         for i, text in enumerate(source.questions(SHARED)[:5]):
@@ -220,8 +250,10 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
                                          str(tmp_path / "out.jsonl"), "--data-dir", str(SHARED), "--json"])
     assert r.exit_code == 0, r.output
     counts = json.loads(r.stdout)
-    assert counts["dropped"]["contaminated"] == 25 + 1
-    assert counts["kept"] == 2 and counts["read"] == 6 + 25
+    assert counts["dropped"]["contaminated"] == 25
+    assert counts["kept"] == 3 and counts["read"] == 6 + 25
+    hits = counts["decontamination"]
+    assert set(hits["by_benchmark"]) == set(SOURCES) and hits["boilerplate_ngrams"] > 0
 
 
 # ---------------------------------------------------------------------------------------------- RL stages

@@ -5,6 +5,7 @@ fixtures in each source's own schema (tests/data/problems/)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 from pathlib import Path
@@ -81,6 +82,17 @@ async def test_the_chain_builds_each_step_once_and_a_rerun_asks_nothing(tmp_path
         again = await build_paper_problems(out, cfg, str(BENCH), SOURCES)  # a rerun: every step recorded
         assert all(s.done_before for s in again.steps) and sum(engine.calls.values()) == 2 * len(aops)
         assert [s.counts for s in again.steps] == [s.counts for s in first.steps]
+        # the command prints what each source kept beside the paper's counts, and the decontamination's hits
+        args = ["problems-paper", "--out", str(out), "--data-dir", str(BENCH), "--dapo", SOURCES.dapo, "--aops",
+                SOURCES.aops, "--euler", SOURCES.euler, "--url", url, "--samples", "2", "--min-agree", "1"]
+        r = await asyncio.to_thread(CliRunner().invoke, train_group, args)
+        kept = first.steps[2].counts["kept_by_source"]
+        assert r.exit_code == 0 and sum(engine.calls.values()) == 2 * len(aops), r.output
+        assert (f"kept, beside the paper's: dapo {kept['dapo']} (paper 17,000), openmathreasoning "
+                f"{kept['openmathreasoning']} (paper 24,063), project-euler {kept['project-euler']} (paper 937), "
+                f"total {first.steps[2].counts['kept']} (paper 42,000)") in r.output
+        assert ('decontamination hits by benchmark: aime24 1; most striking 8-grams: "let n be the number of ways to" 1'
+                in r.output)
 
         (out / "merge.done.json").unlink()  # as if killed in the merge: only the merge runs again
         resumed = await build_paper_problems(out, cfg, str(BENCH), SOURCES)

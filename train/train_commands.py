@@ -356,8 +356,11 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
               help="The benchmark mirrors to decontaminate against, as for `rstar2 eval` (else the hub).")
 @click.option("--benchmarks", default=",".join(BENCHMARKS), show_default=True,
               help="The evaluation sets no training problem may share an 8-gram with (comma list).")
+@click.option("--boilerplate", type=click.IntRange(0), default=None,
+              help="An 8-gram that this many benchmark problems share is their phrasing and strikes nothing "
+              "(default 3; 0: the paper's rule as written, any shared 8-gram strikes).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the counts, as JSON.")
-def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
+def problems_cmd(sources, out, data_dir, benchmarks, boilerplate, as_json) -> None:
     """RL problems as the paper curated them: integer answers, no duplicates, no overlap with evaluation sets.
 
     SOURCES, read in order: hub:ID[:CONFIG[:SPLIT]] (open-r1/DAPO-Math-17k-Processed:all, nvidia/OpenMathReasoning,
@@ -367,10 +370,11 @@ def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
     `rstar2 train problems-verify` on the OpenMathReasoning part, as the paper did."""
     from rstar2_agent.benchmark_data import DataError
 
-    from .data.problems import build
+    from .data.problems import BOILERPLATE_PROBLEMS, build
 
     try:
-        counts = build(sources, out, data_dir, [b.strip() for b in benchmarks.split(",") if b.strip()])
+        counts = build(sources, out, data_dir, [b.strip() for b in benchmarks.split(",") if b.strip()],
+                       BOILERPLATE_PROBLEMS if boilerplate is None else boilerplate)
     except DataError as e:
         raise click.ClickException(str(e)) from e
     if as_json:
@@ -379,6 +383,15 @@ def problems_cmd(sources, out, data_dir, benchmarks, as_json) -> None:
         click.echo(f"{counts.kept} of {counts.read} problems -> {out} (dropped: {counts.non_integer} non-integer "
                    f"answers, {counts.duplicate} duplicates, {counts.contaminated} sharing an 8-gram with "
                    f"{benchmarks or 'no benchmark'})")
+        click.echo(hits_line(counts.decontamination))
+
+
+def hits_line(report: dict) -> str:
+    """The decontamination's hits, by benchmark and by the n-grams that struck most."""
+    by = ", ".join(f"{k} {v}" for k, v in report.get("by_benchmark", {}).items()) or "none"
+    grams = "; ".join(f'"{g}" {n}' for g, n in list(report.get("top_ngrams", {}).items())[:5])
+    return (f"decontamination hits by benchmark: {by}" + (f"; most striking 8-grams: {grams}" if grams else "")
+            + f" ({report.get('boilerplate_ngrams', 0)} boilerplate 8-grams set aside)")
 
 
 def _verify_options(f):
@@ -446,9 +459,11 @@ def problems_verify_cmd(problems, out, **o) -> None:
               "`hub:open-r1/DAPO-Math-17k-Processed:en` keeps only those without Chinese text).")
 @click.option("--aops", default=None, help="The OpenMathReasoning source (default: the hub's; omr:PATH a copy).")
 @click.option("--euler", default=None, help="The Project Euler source (default: the hub's; euler:PATH a copy).")
+@click.option("--boilerplate", type=click.IntRange(0), default=None,
+              help="As `rstar2 train problems --boilerplate` (default 3; 0: the paper's rule as written).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the steps and their counts, as JSON.")
 @_verify_options
-def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> None:
+def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, boilerplate, as_json, **o) -> None:
     """The paper's 42K RL problems in one command, step by step (train/data/paper_problems.py): the AoPS problems
     of OpenMathReasoning, those a strong model at --url reproduces (the paper: Qwen3-32B, 2 of 16), then DAPO,
     those and Project Euler merged, deduplicated and decontaminated. Each finished step is recorded in --out, so
@@ -457,7 +472,8 @@ def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> No
 
     from rstar2_agent.benchmark_data import DataError
 
-    from .data.paper_problems import PaperSources, build_paper_problems
+    from .data.paper_problems import PaperSources, beside_paper, build_paper_problems
+    from .data.problems import BOILERPLATE_PROBLEMS
 
     defaults = PaperSources()
     sources = PaperSources(dapo or defaults.dapo, aops or defaults.aops, euler or defaults.euler)
@@ -465,7 +481,9 @@ def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> No
     try:
         with bar:
             result = asyncio.run(build_paper_problems(
-                out_dir, _verify_config(o), data_dir, sources, on_step=lambda s: log.info("problems-paper: %s", s),
+                out_dir, _verify_config(o), data_dir, sources,
+                boilerplate=BOILERPLATE_PROBLEMS if boilerplate is None else boilerplate,
+                on_step=lambda s: log.info("problems-paper: %s", s),
                 on_problem=lambda i, n: on_problem(i, n, {})))
     except DataError as e:
         raise click.ClickException(str(e)) from e
@@ -475,6 +493,10 @@ def problems_paper_cmd(out_dir, data_dir, dapo, aops, euler, as_json, **o) -> No
     for step in result.steps:
         when = "recorded before" if step.done_before else "now"
         click.echo(f"{step.step} ({when}): {step.counts.get('kept')} of {step.counts.get('read')} -> {step.out}")
+    merge = result.steps[-1].counts
+    click.echo("kept, beside the paper's: " + ", ".join(
+        f"{name} {ours}" + (f" (paper {paper:,})" if paper else "") for name, ours, paper in beside_paper(merge)))
+    click.echo(hits_line(merge.get("decontamination") or {}))
     click.echo(f"RL problems: {result.out} (an RL stage's data: {result.out})")
 
 

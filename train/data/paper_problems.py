@@ -27,13 +27,24 @@ from typing import Any
 
 from rstar2_agent.benchmark_data import DataError
 
-from .problems import BENCHMARKS, build
+from .problems import BENCHMARKS, BOILERPLATE_PROBLEMS, build
 from .problems_verify import VerifyConfig, VerifyCounts, verify
 
 PAPER_DAPO = "hub:open-r1/DAPO-Math-17k-Processed:all"
 PAPER_AOPS = "hub:nvidia/OpenMathReasoning"
 PAPER_EULER = "hub:alexandonian/project-euler"
 STEPS = ("aops", "aops-verified", "merge")
+# what the paper kept of each source (section 4): 17K DAPO, 937 Project Euler, 42K in all, so about 24K verified AoPS
+PAPER_KEPT = {"dapo": 17_000, "openmathreasoning": 42_000 - 17_000 - 937, "project-euler": 937}
+PAPER_TOTAL = 42_000
+
+
+def beside_paper(merge: dict[str, Any]) -> list[tuple[str, int, int | None]]:
+    """(source, kept here, kept by the paper) for the merge step's counts, then the total."""
+    ours = merge.get("kept_by_source") or {}
+    rows = [(name, int(ours.get(name, 0)), paper) for name, paper in PAPER_KEPT.items()]
+    rows += [(name, int(n), None) for name, n in ours.items() if name not in PAPER_KEPT]
+    return [*rows, ("total", int(merge.get("kept", 0)), PAPER_TOTAL)]
 
 
 @dataclass
@@ -89,6 +100,7 @@ def _recorded(out_dir: Path, step: str, settings: dict[str, Any]) -> dict[str, A
 
 async def build_paper_problems(out_dir: str | os.PathLike, verifier: VerifyConfig, data_dir: str | None = None,
                                sources: PaperSources | None = None, benchmarks: Iterable[str] = BENCHMARKS,
+                               boilerplate: int = BOILERPLATE_PROBLEMS,
                                on_step: Callable[[str], None] | None = None,
                                on_problem: Callable[[int, int], None] | None = None) -> PaperProblems:
     """Run the steps not yet done, in order; every step's counts (recorded ones for steps done before)."""
@@ -98,13 +110,14 @@ async def build_paper_problems(out_dir: str | os.PathLike, verifier: VerifyConfi
     out.mkdir(parents=True, exist_ok=True)
     aops, verified, merged = out / "aops.jsonl", out / "aops-verified.jsonl", out / "rl-problems.jsonl"
     plan: list[tuple[str, Path, dict[str, Any], Callable[[], Awaitable[Any]]]] = [  # each run's counts: as_json()
-        ("aops", aops, {"source": sources.aops, "benchmarks": benchmarks},
-         lambda: asyncio.to_thread(build, [sources.aops], aops, data_dir, benchmarks)),
+        ("aops", aops, {"source": sources.aops, "benchmarks": benchmarks, "boilerplate": boilerplate},
+         lambda: asyncio.to_thread(build, [sources.aops], aops, data_dir, benchmarks, boilerplate)),
         ("aops-verified", verified, {"verifier": verifier.settings(), "min_agree": verifier.min_agree},
          lambda: _verify(aops, verified, verifier, on_problem)),
-        ("merge", merged, {"dapo": sources.dapo, "euler": sources.euler, "benchmarks": benchmarks},
+        ("merge", merged, {"dapo": sources.dapo, "euler": sources.euler, "benchmarks": benchmarks,
+                           "boilerplate": boilerplate},
          lambda: asyncio.to_thread(build, [sources.dapo, f"problems:{verified}", sources.euler], merged, data_dir,
-                                   benchmarks)),
+                                   benchmarks, boilerplate)),
     ]
     result = PaperProblems()
     for step, path, settings, run in plan:

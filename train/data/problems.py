@@ -30,8 +30,9 @@ import logging
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -227,35 +228,66 @@ def normalize(text: str) -> str:
     return _WHITESPACE.sub("", _MATH_DELIMITER.sub("$", _LATEX_SPACE.sub(" ", text)))
 
 
-def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    """The n-grams of the text's lower-cased words (letters, digits; LaTeX spacing commands are not words); a text
-    of fewer words is one gram, itself."""
+def ngrams(text: str, n: int = NGRAM) -> dict[tuple[str, ...], None]:
+    """The n-grams of the text's lower-cased words (letters, digits; LaTeX spacing commands are not words), in
+    the text's order, each once; a text of fewer words is one gram, itself."""
     words = _WORD.findall(_LATEX_SPACE.sub(" ", text).lower())
     if len(words) < n:
-        return {tuple(words)} if words else set()
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+        return {tuple(words): None} if words else {}
+    return dict.fromkeys(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+
+
+BOILERPLATE_PROBLEMS = 3  # an n-gram in this many benchmark problems or more is the benchmarks' phrasing (0: off)
 
 
 class BenchmarkIndex:
     """The n-grams of evaluation problems: a training problem that shares any one of them is contaminated, so a
-    benchmark problem behind a preamble, or with a sentence added, is still caught."""
+    benchmark problem behind a preamble, or with a sentence added, is still caught.
 
-    def __init__(self, texts: Iterable[str], n: int = NGRAM):
+    Boilerplate (a named rule, not the paper's literal one): an n-gram that `boilerplate` or more benchmark problems
+    share is the competitions' phrasing, not a problem ("m and n are relatively prime positive integers find m n"
+    ends a dozen AIME problems), and strikes nothing: otherwise every AIME-style training problem that uses the
+    sentence is dropped, exactly those nearest the test sets. `boilerplate=0` is the paper's rule as written (any
+    shared 8-gram). Each hit is counted by benchmark and by n-gram (`hits`)."""
+
+    def __init__(self, texts: Iterable[tuple[str, str]] | Iterable[str], n: int = NGRAM,
+                 boilerplate: int = BOILERPLATE_PROBLEMS):
         self.n = n
-        self.grams: set[tuple[str, ...]] = set()
-        for text in texts:
-            self.grams |= ngrams(text, n)
+        where: dict[tuple[str, ...], set[tuple[str, int]]] = {}
+        for i, item in enumerate(texts):
+            name, text = item if isinstance(item, tuple) else ("", item)
+            for gram in ngrams(text, n):
+                where.setdefault(gram, set()).add((name, i))
+        self.boilerplate = {g for g, ps in where.items() if boilerplate and len(ps) >= boilerplate}
+        self.grams: dict[tuple[str, ...], set[str]] = {g: {name for name, _ in ps} for g, ps in where.items()
+                                                       if g not in self.boilerplate}
+        self.by_benchmark: Counter[str] = Counter()
+        self.by_gram: Counter[str] = Counter()
 
     @classmethod
-    def load(cls, names: Iterable[str] = BENCHMARKS, data_dir: str | os.PathLike | None = None) -> BenchmarkIndex:
+    def load(cls, names: Iterable[str] = BENCHMARKS, data_dir: str | os.PathLike | None = None,
+             boilerplate: int = BOILERPLATE_PROBLEMS) -> BenchmarkIndex:
         """The named benchmarks' problems, read as `rstar2 eval` reads them (--data-dir, $RSTAR2_DATA_DIR, hub)."""
         unknown = [n for n in names if n not in SOURCES]
         if unknown:
             raise DataError(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(SOURCES)}")
-        return cls(q for name in names for q in SOURCES[name].questions(data_dir))
+        return cls(((name, q) for name in names for q in SOURCES[name].questions(data_dir)),
+                   boilerplate=boilerplate)
 
     def contaminated(self, text: str) -> bool:
-        return not self.grams.isdisjoint(ngrams(text, self.n))
+        shared = [g for g in ngrams(text, self.n) if g in self.grams]
+        if not shared:
+            return False
+        for name in set().union(*(self.grams[g] for g in shared)):
+            self.by_benchmark[name or "?"] += 1
+        self.by_gram[" ".join(shared[0])] += 1  # the first in the training problem's text
+        return True
+
+    def report(self, top: int = 10) -> dict[str, Any]:
+        """The hits: training problems struck per benchmark (one problem may count for several), the n-grams that
+        struck most, and how many n-grams the boilerplate rule set aside."""
+        return {"by_benchmark": dict(self.by_benchmark.most_common()),
+                "top_ngrams": dict(self.by_gram.most_common(top)), "boilerplate_ngrams": len(self.boilerplate)}
 
 
 @dataclass
@@ -265,10 +297,13 @@ class Counts:
     non_integer: int = 0
     duplicate: int = 0
     contaminated: int = 0
+    decontamination: dict[str, Any] = field(default_factory=dict)  # BenchmarkIndex.report()
+    by_source: dict[str, int] = field(default_factory=dict)  # kept, per source
 
     def as_json(self) -> dict[str, Any]:
         return {"read": self.read, "kept": self.kept, "dropped": {
-            "non_integer": self.non_integer, "duplicate": self.duplicate, "contaminated": self.contaminated}}
+            "non_integer": self.non_integer, "duplicate": self.duplicate, "contaminated": self.contaminated},
+                "kept_by_source": self.by_source, "decontamination": self.decontamination}
 
 
 def integer_answers(problems: Iterable[RLProblem], counts: Counts) -> Iterator[RLProblem]:
@@ -311,7 +346,9 @@ def curate(problems: Iterable[RLProblem], index: BenchmarkIndex, counts: Counts)
 
     for p in uncontaminated(unique(integer_answers(read(problems), counts), counts), index, counts):
         counts.kept += 1
+        counts.by_source[p.source] = counts.by_source.get(p.source, 0) + 1
         yield p
+    counts.decontamination = index.report()
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -339,13 +376,13 @@ def _read_cached(path: str, mtime_ns: int) -> tuple[RLProblem, ...]:
 
 
 def build(specs: Iterable[str], out: str | os.PathLike, data_dir: str | os.PathLike | None = None,
-          benchmarks: Iterable[str] = BENCHMARKS) -> Counts:
+          benchmarks: Iterable[str] = BENCHMARKS, boilerplate: int = BOILERPLATE_PROBLEMS) -> Counts:
     """Read the sources in order, filter, write `out`; the counts."""
     sources = [parse_source(s) for s in specs]
     benchmarks = list(benchmarks)
     if not benchmarks:
         log.warning("no evaluation set named: the problems are not decontaminated")
-    index = BenchmarkIndex.load(benchmarks, data_dir)
+    index = BenchmarkIndex.load(benchmarks, data_dir, boilerplate)
     counts = Counts()
     write_problems(out, curate((p for s in sources for p in s.problems()), index, counts))
     return counts
