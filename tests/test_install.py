@@ -47,3 +47,23 @@ def test_extras_none_without_torch_says_what_to_do(tmp_path):
     p = subprocess.run(["make", "-C", str(ROOT), "install", "EXTRAS=none", f"VENV={venv}"], capture_output=True,
                        text=True, timeout=600)
     assert p.returncode != 0 and "EXTRAS=none keeps the environment's torch and vLLM" in p.stdout + p.stderr
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject lists the packages by hand (the faces keep their top-level folders through package-dir): a folder
+    of modules missing from the list would be absent from a wheel install while an editable one still imports it."""
+    import tomllib
+
+    from conftest import ROOT
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, dirs = set(cfg["packages"]), cfg["package-dir"]
+    found = set()
+    for package, folder in dirs.items():
+        for init in (ROOT / folder).rglob("*.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            if "__pycache__" in parts or (package == "rstar2_agent" and parts and parts[0] in
+                                          ("serve", "eval", "train", "bench")):
+                continue
+            found.add(".".join((package, *parts)))
+    assert found <= listed, f"add to pyproject's packages: {sorted(found - listed)}"
