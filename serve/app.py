@@ -55,6 +55,7 @@ from .guard import (
     MAX_JSON_DEPTH,
     BodyTooLarge,
     Budgets,
+    FairGate,
     current_client,
     key_digest,
     key_matches,
@@ -111,10 +112,23 @@ class Server:
         self.gate = asyncio.Semaphore(config.max_concurrency)
         per_client = config.max_concurrency_per_client or max(1, config.max_concurrency // 4)
         self.budgets = Budgets(per_client, config.tool_seconds_per_client)
+        self.tool_gate = FairGate(self.sandbox_capacity)
         self.vocab_size = len(engine.tokenizer)  # len() of a tokenizer is not free: once
         # rendering and tokenizing a large request takes seconds of CPU: off the event loop, so that /health and
         # the other clients' streams are served meanwhile
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rstar2-render")
+
+    async def sandbox_capacity(self) -> int:
+        """How many calls the sandbox runs at once: the local pool's workers per template (a call runs on one
+        template's workers), a remote one's live workers."""
+        workers = getattr(getattr(self.sandbox, "config", None), "workers", None)
+        if isinstance(workers, int) and workers > 0:
+            return workers
+        try:
+            stats = await self.sandbox.stats()
+        except Exception:  # noqa: BLE001 - a sandbox that cannot say: a guess, the gate then only orders the calls
+            return 4
+        return int(stats.get("workers") or stats.get("alive") or 4)
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -195,7 +209,7 @@ class Server:
     async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
                        sandbox: Sandbox | None = None) -> Trajectory:
         """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container)."""
-        budgeted = Budgeted(sandbox or self.sandbox, self.budgets, current_client.get())
+        budgeted = Budgeted(sandbox or self.sandbox, self.budgets, self.tool_gate, current_client.get())
         # the loop holds its slot through its sandbox time too: one client holds at most its share of the slots
         async with self.budgets.slot(self.gate):
             traj = await run_agent(req.messages, self.engine, budgeted, self.format_for(req),
@@ -262,24 +276,26 @@ class Server:
 
 class Budgeted(Sandbox):
     """The sandbox as one request's loop sees it: a call runs while its client has sandbox time left this minute,
-    and is charged what it ran; past the budget it is refused (the model reads why) without running."""
+    and is charged what it ran (past the budget it is refused, and the model reads why); it waits for a worker in
+    the fair gate, where a client that filled the pool does not keep the others waiting behind all its calls."""
 
-    def __init__(self, inner: Sandbox, budgets: Budgets, client: str):
-        self.inner, self.budgets, self.client = inner, budgets, client
+    def __init__(self, inner: Sandbox, budgets: Budgets, gate: FairGate, client: str):
+        self.inner, self.budgets, self.gate, self.client = inner, budgets, gate, client
 
     async def run(self, code: str, stdin: str = "", timeout: float | None = None) -> ExecResult:
         if self.budgets.tool_time_left(self.client) <= 0:
             return ExecResult.failure(Status.QUEUE_TIMEOUT, "the call did not run: this client has spent its "
                                       f"sandbox time ({self.budgets.tool_seconds:g} s a minute); retry in "
                                       f"{self.budgets.retry_after(self.client)} s")
-        t0 = time.monotonic()
-        result = None
-        try:
-            result = await self.inner.run(code, stdin, timeout)
-            return result
-        finally:
-            self.budgets.charge(result.duration if result is not None and result.duration else
-                                time.monotonic() - t0, self.client)
+        async with self.gate.slot(self.client):
+            t0 = time.monotonic()
+            result = None
+            try:
+                result = await self.inner.run(code, stdin, timeout)
+                return result
+            finally:
+                self.budgets.charge(result.duration if result is not None and result.duration else
+                                    time.monotonic() - t0, self.client)
 
     async def open_session(self) -> str:
         return await self.inner.open_session()

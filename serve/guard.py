@@ -15,7 +15,8 @@ import hashlib
 import hmac
 import math
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,3 +285,60 @@ class Budgets:
         """Seconds until the client's tool budget is positive again."""
         left = self.tool_time_left(name)
         return max(1, math.ceil(-left * 60.0 / self.tool_seconds)) if self.tool_seconds else 0
+
+
+class FairGate:
+    """Sandbox calls running at once, at most the sandbox's capacity (asked of `sizing` at the first call), handed
+    out fairly: when one ends, the next goes to the waiting client with the fewest calls running. Work-conserving:
+    one client uses every worker while nobody else waits, and a newcomer waits for one call to end, not behind
+    every queued call of the client that filled the pool (FIFO would make it wait for all of them)."""
+
+    def __init__(self, sizing: Callable[[], Awaitable[int]]):
+        self.sizing, self.capacity = sizing, 0
+        self.running: dict[str, int] = {}
+        self.waiting: dict[str, deque[asyncio.Future]] = {}
+        self.total = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self, client: str) -> AsyncIterator[None]:
+        if not self.capacity:
+            self.capacity = max(1, await self.sizing())
+        if self.total < self.capacity and not self.waiting:
+            self._take(client)
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self.waiting.setdefault(client, deque()).append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._release(client)  # granted as it was cancelled: pass it on
+                else:
+                    queue = self.waiting.get(client)
+                    if queue is not None and turn in queue:
+                        queue.remove(turn)
+                        if not queue:
+                            del self.waiting[client]
+                raise
+        try:
+            yield
+        finally:
+            self._release(client)
+
+    def _take(self, client: str) -> None:
+        self.running[client] = self.running.get(client, 0) + 1
+        self.total += 1
+
+    def _release(self, client: str) -> None:
+        self.total -= 1
+        self.running[client] -= 1
+        if not self.running[client]:
+            del self.running[client]
+        while self.total < self.capacity and self.waiting:
+            nxt = min(self.waiting, key=lambda c: self.running.get(c, 0))
+            turn = self.waiting[nxt].popleft()
+            if not self.waiting[nxt]:
+                del self.waiting[nxt]
+            if not turn.done():
+                self._take(nxt)
+                turn.set_result(None)

@@ -23,7 +23,7 @@ import pytest
 from rstar2_agent.engines.base import Generation
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
 from rstar2_agent.serve.app import ServeConfig, Server, create_app
-from rstar2_agent.serve.guard import too_deep, uvicorn_config
+from rstar2_agent.serve.guard import FairGate, too_deep, uvicorn_config
 from rstar2_agent.serve.responses_state import ResponseStore, Stored
 
 from conftest import free_port
@@ -326,6 +326,45 @@ async def test_one_client_holding_its_concurrency_budget_does_not_block_another(
         results = await asyncio.gather(*sleepers)
     assert r.status_code == 200 and dt < 1.5, f"the other client waited {dt:.2f} s"
     assert all(x.status_code == 200 for x in results)
+
+
+async def test_a_newcomers_tool_call_does_not_wait_behind_every_call_of_the_client_that_filled_the_sandbox(
+        smol_tokenizer, sandbox):
+    """The attacker's share (8 loops) is more than the sandbox's workers: its calls queue; the victim's call goes
+    next when one of them ends, not after all of them (first come, first served: 8 calls x 2 s on 2 workers)."""
+    async with serving(Attacker(smol_tokenizer), sandbox, max_concurrency_per_client=8) as (url, _):
+        async with client(ATTACKER) as a:
+            sleepers = [asyncio.create_task(a.post(f"{url}/v1/chat/completions",
+                                                   json=chat("RUN: import time; time.sleep(2)")))
+                        for _ in range(8)]
+            await asyncio.sleep(0.5)
+            async with client() as c:
+                dt, r = await timed(c, "POST", f"{url}/v1/chat/completions", json=chat("RUN: print(7)"))
+            await asyncio.gather(*sleepers)
+    ran = r.json()["choices"][0]["message"]["rstar2"]["turns"][0]["tool_calls"][0]
+    assert ran["stdout"] == "7\n" and dt < 4.0, f"the other client's call waited {dt:.1f} s"
+
+
+async def test_the_sandbox_gate_hands_the_next_worker_to_the_client_with_fewest_calls():
+    async def two() -> int:
+        return 2
+
+    gate, order = FairGate(two), []
+
+    async def call(who: str, i: int, hold: float) -> None:
+        async with gate.slot(who):
+            order.append((who, i))
+            await asyncio.sleep(hold)
+
+    attacker = [asyncio.create_task(call("a", i, 0.1)) for i in range(6)]
+    await asyncio.sleep(0.02)
+    cancelled = asyncio.create_task(call("c", 0, 0))
+    victim = asyncio.create_task(call("v", 0, 0))
+    await asyncio.sleep(0.02)
+    cancelled.cancel()  # a waiter that goes away leaves its place to the next
+    await asyncio.gather(*attacker, victim)
+    assert order.index(("v", 0)) == 2 and ("c", 0) not in order, order
+    assert gate.total == 0 and not gate.waiting and not gate.running
 
 
 async def test_turn_and_tool_timeout_caps_are_the_servers(attacked):
