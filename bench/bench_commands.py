@@ -175,11 +175,13 @@ def serve_abuse_cmd(seconds, attacks, json_path) -> None:
                         "attack ..."):
         rows = run_bench(seconds, tuple(attacks))
     table = Table(title="another client's latency while one client abuses rstar2 serve (ms)")
-    for col in ("window", "chat p50", "chat p99", "/health p50", "/health p99", "requests", "errors"):
+    for col in ("window", "chat p50", "chat p99", "tool chat p50", "tool chat p99", "/health p50", "/health p99",
+                "requests", "errors"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.scenario, f"{r.chat_p50_ms:.0f}", f"{r.chat_p99_ms:.0f}", f"{r.health_p50_ms:.0f}",
-                      f"{r.health_p99_ms:.0f}", str(r.requests), str(r.errors))
+        table.add_row(r.scenario, f"{r.chat_p50_ms:.0f}", f"{r.chat_p99_ms:.0f}", f"{r.tool_p50_ms:.0f}",
+                      f"{r.tool_p99_ms:.0f}", f"{r.health_p50_ms:.0f}", f"{r.health_p99_ms:.0f}", str(r.requests),
+                      str(r.errors))
     console.print(table)
     for r in rows:
         if r.attacker:

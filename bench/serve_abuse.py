@@ -1,11 +1,12 @@
 """`rstar2 bench serve-abuse`: another client's latency while one client abuses `rstar2 serve` (issue 48).
 
 The server is the real app on the real (guarded) uvicorn, started in a process of its own with `rstar2 serve`'s
-defaults, the real sandbox pool, and a scripted engine (SmolLM2's tokenizer; each generation is a short text, 8
-tokens 2 ms apart, or, for a user turn `RUN: <code>`, that code as a Hermes tool call, then "done"): SmolLM2 writes
-no tool calls, and a model's own generation time would hide the server's. The victim (this process, from
-127.0.0.1) sends, one at a time, a no-tool chat completion and GET /health in turn; the attacker (a process of its
-own, from 127.0.0.2) runs one attack for the same time:
+defaults, the real sandbox pool (its default: as many workers a template as cores), and a scripted engine
+(SmolLM2's tokenizer; each generation is a short text, 8 tokens 2 ms apart, or, for a user turn `RUN: <code>`, that
+code as a Hermes tool call, then "done"): SmolLM2 writes no tool calls, and a model's own generation time would hide
+the server's. The victim (this process, from 127.0.0.1) sends, one at a time, a no-tool chat completion, a chat
+whose model runs `print(6 * 7)` in the sandbox, and GET /health in turn; the attacker (a process of its own, from
+127.0.0.2) runs one attack for the same time:
 
 - `body`: 50 MB request bodies, one after another (each answered 413 at its headers; the time to the answer);
 - `sleepers`: 64 chat requests at once whose code sleeps 8 s, each sent again when it returns;
@@ -43,6 +44,8 @@ class Window:
     scenario: str  # "quiet" or an attack
     chat_p50_ms: float
     chat_p99_ms: float
+    tool_p50_ms: float  # a chat whose model runs one short program (print) in the sandbox
+    tool_p99_ms: float
     health_p50_ms: float
     health_p99_ms: float
     requests: int
@@ -142,6 +145,8 @@ async def sleepers(url: str, until: float, seen: dict, n: int = 64) -> None:
                 try:
                     r = await c.post(f"{url}/v1/chat/completions", json=body)
                     key = f"sleepers_{r.status_code}"
+                except httpx.TimeoutException:
+                    key = "sleepers_waited_past_120s"
                 except httpx.HTTPError:
                     key = "sleepers_failed"
                 count(seen, key)
@@ -214,19 +219,22 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def measure(url: str, seconds: float, scenario: str, timeout: float = 30.0) -> Window:
-    """Another client for `seconds`: a no-tool chat completion and GET /health in turn, one at a time."""
+    """Another client for `seconds`: a no-tool chat completion, one that runs a short program, and GET /health in
+    turn, one at a time."""
     chat = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
-    times: dict[str, list[float]] = {"chat": [], "health": []}
+    tool = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "RUN: print(6 * 7)"}]}
+    times: dict[str, list[float]] = {"chat": [], "tool": [], "health": []}
     errors = 0
     until = time.monotonic() + seconds
     with httpx.Client(timeout=timeout) as c:
         k = 0
         while time.monotonic() < until:
-            kind = ("chat", "health")[k % 2]
+            kind = ("chat", "tool", "health")[k % 3]
             k += 1
             t0 = time.monotonic()
             try:
-                r = c.post(f"{url}/v1/chat/completions", json=chat) if kind == "chat" else c.get(f"{url}/health")
+                r = c.get(f"{url}/health") if kind == "health" else \
+                    c.post(f"{url}/v1/chat/completions", json=chat if kind == "chat" else tool)
                 ok = r.status_code == 200
             except httpx.HTTPError:
                 ok = False
@@ -236,8 +244,9 @@ def measure(url: str, seconds: float, scenario: str, timeout: float = 30.0) -> W
                 errors += 1
             time.sleep(0.05)
     ms = {k: [x * 1000 for x in v] for k, v in times.items()}
-    return Window(scenario, percentile(ms["chat"], 0.5), percentile(ms["chat"], 0.99), percentile(ms["health"], 0.5),
-                  percentile(ms["health"], 0.99), k, errors)
+    return Window(scenario, percentile(ms["chat"], 0.5), percentile(ms["chat"], 0.99), percentile(ms["tool"], 0.5),
+                  percentile(ms["tool"], 0.99), percentile(ms["health"], 0.5), percentile(ms["health"], 0.99), k,
+                  errors)
 
 
 def settle(url: str, within: float = 60.0) -> None:
