@@ -289,9 +289,10 @@ class Budgets:
 
 class FairGate:
     """Sandbox calls running at once, at most the sandbox's capacity (asked of `sizing` at the first call), handed
-    out fairly: when one ends, the next goes to the waiting client with the fewest calls running. Work-conserving:
-    one client uses every worker while nobody else waits, and a newcomer waits for one call to end, not behind
-    every queued call of the client that filled the pool (FIFO would make it wait for all of them)."""
+    out fairly: the last free worker is kept for a client with no call running (one client's calls, however many,
+    never hold every worker: a newcomer's call starts at once), and when a call ends the next worker goes to the
+    waiting client with the fewest calls running (first come, first served would queue a newcomer behind every
+    call of the client that filled the pool)."""
 
     def __init__(self, sizing: Callable[[], Awaitable[int]]):
         self.sizing, self.capacity = sizing, 0
@@ -303,27 +304,29 @@ class FairGate:
     async def slot(self, client: str) -> AsyncIterator[None]:
         if not self.capacity:
             self.capacity = max(1, await self.sizing())
-        if self.total < self.capacity and not self.waiting:
-            self._take(client)
-        else:
-            turn = asyncio.get_running_loop().create_future()
-            self.waiting.setdefault(client, deque()).append(turn)
-            try:
-                await turn
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled():
-                    self._release(client)  # granted as it was cancelled: pass it on
-                else:
-                    queue = self.waiting.get(client)
-                    if queue is not None and turn in queue:
-                        queue.remove(turn)
-                        if not queue:
-                            del self.waiting[client]
-                raise
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(client, deque()).append(turn)
+        self._grant()
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release(client)  # granted as it was cancelled: pass it on
+            else:
+                queue = self.waiting.get(client)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self.waiting[client]
+            raise
         try:
             yield
         finally:
             self._release(client)
+
+    def _may_take(self, client: str) -> bool:
+        free = self.capacity - self.total
+        return free > 1 or (free == 1 and (self.capacity == 1 or not self.running.get(client)))
 
     def _take(self, client: str) -> None:
         self.running[client] = self.running.get(client, 0) + 1
@@ -334,8 +337,15 @@ class FairGate:
         self.running[client] -= 1
         if not self.running[client]:
             del self.running[client]
-        while self.total < self.capacity and self.waiting:
-            nxt = min(self.waiting, key=lambda c: self.running.get(c, 0))
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand the free workers to the waiting clients that may take one, fewest calls running first."""
+        while True:
+            ready = [c for c in self.waiting if self._may_take(c)]
+            if not ready:
+                return
+            nxt = min(ready, key=lambda c: self.running.get(c, 0))
             turn = self.waiting[nxt].popleft()
             if not self.waiting[nxt]:
                 del self.waiting[nxt]

@@ -318,8 +318,8 @@ async def test_one_client_holding_its_concurrency_budget_does_not_block_another(
     url, _, _ = attacked
     async with client(ATTACKER) as a:
         sleepers = [asyncio.create_task(a.post(f"{url}/v1/chat/completions",
-                                               json=chat("RUN: import time; time.sleep(2.5)", tool_timeout=5)))
-                    for _ in range(6)]
+                                               json=chat("RUN: import time; time.sleep(2)", tool_timeout=5)))
+                    for _ in range(5)]
         await asyncio.sleep(0.5)
         async with client() as c:
             dt, r = await timed(c, "POST", f"{url}/v1/chat/completions", json=chat(max_tokens=8))
@@ -330,26 +330,27 @@ async def test_one_client_holding_its_concurrency_budget_does_not_block_another(
 
 async def test_a_newcomers_tool_call_does_not_wait_behind_every_call_of_the_client_that_filled_the_sandbox(
         smol_tokenizer, sandbox):
-    """The attacker's share (8 loops) is more than the sandbox's workers: its calls queue; the victim's call goes
-    next when one of them ends, not after all of them (first come, first served: 8 calls x 2 s on 2 workers)."""
+    """The attacker's share (8 loops) is more than the sandbox's 2 workers: its calls queue, and one worker is kept
+    for a client with none running: the victim's call runs at once (first come, first served would queue it behind
+    the attacker's 4 calls of 2.5 s)."""
     async with serving(Attacker(smol_tokenizer), sandbox, max_concurrency_per_client=8) as (url, _):
         async with client(ATTACKER) as a:
             sleepers = [asyncio.create_task(a.post(f"{url}/v1/chat/completions",
-                                                   json=chat("RUN: import time; time.sleep(2)")))
-                        for _ in range(8)]
+                                                   json=chat("RUN: import time; time.sleep(2.5)")))
+                        for _ in range(4)]
             await asyncio.sleep(0.5)
             async with client() as c:
                 dt, r = await timed(c, "POST", f"{url}/v1/chat/completions", json=chat("RUN: print(7)"))
             await asyncio.gather(*sleepers)
     ran = r.json()["choices"][0]["message"]["rstar2"]["turns"][0]["tool_calls"][0]
-    assert ran["stdout"] == "7\n" and dt < 4.0, f"the other client's call waited {dt:.1f} s"
+    assert ran["stdout"] == "7\n" and dt < 2.0, f"the other client's call waited {dt:.1f} s"
 
 
-async def test_the_sandbox_gate_hands_the_next_worker_to_the_client_with_fewest_calls():
-    async def two() -> int:
-        return 2
+async def test_the_sandbox_gate_keeps_a_worker_for_a_newcomer_and_hands_out_the_rest_fairly():
+    async def three() -> int:
+        return 3
 
-    gate, order = FairGate(two), []
+    gate, order = FairGate(three), []
 
     async def call(who: str, i: int, hold: float) -> None:
         async with gate.slot(who):
@@ -358,13 +359,23 @@ async def test_the_sandbox_gate_hands_the_next_worker_to_the_client_with_fewest_
 
     attacker = [asyncio.create_task(call("a", i, 0.1)) for i in range(6)]
     await asyncio.sleep(0.02)
-    cancelled = asyncio.create_task(call("c", 0, 0))
+    assert order == [("a", 0), ("a", 1)]  # the last worker is kept for a client with no call running
+    newcomer = asyncio.create_task(call("n", 0, 0.3))
+    await asyncio.sleep(0.02)
+    gone = asyncio.create_task(call("w", 0, 0))  # waits (no worker free), then goes away
     victim = asyncio.create_task(call("v", 0, 0))
     await asyncio.sleep(0.02)
-    cancelled.cancel()  # a waiter that goes away leaves its place to the next
-    await asyncio.gather(*attacker, victim)
-    assert order.index(("v", 0)) == 2 and ("c", 0) not in order, order
+    gone.cancel()
+    await asyncio.gather(*attacker, newcomer, victim)
+    assert order[2] == ("n", 0) and order[3] == ("v", 0) and ("w", 0) not in order, order  # not behind a2..a5
     assert gate.total == 0 and not gate.waiting and not gate.running
+    alone = FairGate(three)  # one client alone uses all but one worker
+    slots = [alone.slot("a") for _ in range(3)]
+    held = [asyncio.create_task(cm.__aenter__()) for cm in slots]
+    await asyncio.sleep(0.02)
+    assert alone.total == 2 and len(alone.waiting["a"]) == 1
+    for h in held:
+        h.cancel()
 
 
 async def test_turn_and_tool_timeout_caps_are_the_servers(attacked):
