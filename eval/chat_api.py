@@ -17,6 +17,7 @@ from rstar2_agent.chat_format import (
     USER_TEMPLATE,
     HermesProtocol,
     ToolCall,
+    answer_scope,
     cap_calls,
     default_tools,
     extract_answer,
@@ -115,7 +116,7 @@ class ChatAPIAgent:
             messages += [{"role": "tool", "tool_call_id": r.id, "content": r.response} for r in turn.tool_calls]
         else:
             traj.stop_reason = "max_turns"
-        traj.answer = extract_answer(traj.text)
+        traj.answer = extract_answer(answer_scope(traj))
         traj.timings["total"] = time.monotonic() - t_start
         return traj
 

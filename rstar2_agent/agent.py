@@ -20,6 +20,7 @@ from .chat_format import (
     ChatFormat,
     ToolCall,
     answer_blocks,
+    answer_scope,
     default_extraction,
     extract_answer,
     format_result,
@@ -131,7 +132,8 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         traj.add_inserted(inserted)
     else:
         traj.stop_reason = "max_turns"
-    traj.answer = extract_answer(traj.text, default_extraction(fmt.protocol.name))
+    mode = default_extraction(fmt.protocol.name)
+    traj.answer = extract_answer(answer_scope(traj, mode), mode)
     traj.timings["total"] = time.monotonic() - t_start
     return traj
 

@@ -256,11 +256,14 @@ def format_check(traj: Any) -> dict[str, bool]:
             "answer_block": well_formed_answer(traj.text)}
 
 
-# How the final answer is read from a response. `paper`: the last \\boxed{} of the last <answer> block, nothing without
-# one (the paper's format: the answer block holds the boxed answer). `release`: the release's reward, which checks the
-# whole response: the last \\boxed{} anywhere (verl's prime_math), and where there is none math-verify's own
-# extraction over the whole text (grading/math.py does that part).
-EXTRACTIONS = ("paper", "release")
+# How the final answer is read from a response (what `answer_scope` hands over: the model's text, tool responses left
+# out). `paper` (the default): the last \\boxed{} after the last tool response, wherever it stands: the paper's prompt
+# says the answer "will be extracted automatically by the \\boxed{} tag", and RoC's p_format has a case for correct
+# answers without an <answer> tag, so a missing or malformed block is what p_format measures, not a zero reward.
+# `answer_block`: the last \\boxed{} of the last <answer> block, nothing without one (stricter than the paper: a
+# format reward). `release`: the release's reward over the whole response: the last \\boxed{} anywhere (verl's
+# prime_math), and where there is none math-verify's own extraction over the whole text (grading/math.py).
+EXTRACTIONS = ("paper", "answer_block", "release")
 
 
 def default_extraction(format_name: str) -> str:
@@ -270,13 +273,19 @@ def default_extraction(format_name: str) -> str:
 
 
 def extract_answer(text: str, mode: str = "paper") -> str | None:
-    """The answer a response gives, read as `mode` says (EXTRACTIONS)."""
+    """The answer a response gives, read as `mode` says (EXTRACTIONS); `text` as `answer_scope` gives it."""
     if mode not in EXTRACTIONS:
         raise ValueError(f"unknown answer extraction {mode!r}; choose one of {', '.join(EXTRACTIONS)}")
-    if mode == "release":
+    if mode != "answer_block":
         return last_boxed(text)
     blocks = answer_blocks(text)
     return last_boxed(blocks[-1]) if blocks else None
+
+
+def answer_scope(traj: Any, mode: str = "paper") -> str:
+    """The text an extraction reads of a trajectory: `paper`, the model's turns after its last tool response (the
+    final answer; a \\boxed{} written before a tool call is not one); the others, all the model's turns."""
+    return traj.final_text if mode == "paper" else traj.text
 
 
 # ---------------------------------------------------------------------------------------------- rendering

@@ -72,6 +72,13 @@ class Trajectory:
         """The model's turns joined, tool responses left out."""
         return "".join(t.text for t in self.turns)
 
+    @property
+    def final_text(self) -> str:
+        """The model's turns after its last tool response (all of them when it called no tool); "" when the last
+        turn itself called a tool (it was cut off waiting for the response)."""
+        last = max((i for i, t in enumerate(self.turns) if t.tool_calls), default=-1)
+        return "".join(t.text for t in self.turns[last + 1:])
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["num_tool_calls"] = len(self.tool_calls)

@@ -150,7 +150,7 @@ def test_openai_messages_with_tool_calls_and_tool_results(fmt):
 
 
 # ------------------------------------------------------------------ answers
-@pytest.mark.parametrize("text, paper, release", [
+@pytest.mark.parametrize("text, block, release", [
     ("so <answer>The answer is \\boxed{\\frac{1}{2}}.</answer>", "\\frac{1}{2}", "\\frac{1}{2}"),
     ("\\boxed{1} then <answer>\\boxed{2}</answer> and \\boxed{3}", "2", "3"),
     ("no answer block, but \\boxed{x^{2}+1} and \\boxed{7}", None, "7"),
@@ -158,10 +158,11 @@ def test_openai_messages_with_tool_calls_and_tool_results(fmt):
     ("<answer>\\boxed{5}</answer> then <answer>no box</answer>", None, "5"),
     ("\\boxed{unclosed", None, None),
 ])
-def test_extract_answer_as_the_paper_and_as_the_release(text, paper, release):
-    """The paper: the boxed answer inside the (last) answer block; the release's reward: the last box anywhere."""
-    assert extract_answer(text) == extract_answer(text, "paper") == paper
-    assert extract_answer(text, "release") == release
+def test_extract_answer_as_the_paper_and_as_the_release(text, block, release):
+    """The paper and the release: the last box wherever it stands (the paper's within the final answer's turns,
+    answer_scope); answer_block: the boxed answer inside the (last) answer block only."""
+    assert extract_answer(text) == extract_answer(text, "paper") == extract_answer(text, "release") == release
+    assert extract_answer(text, "answer_block") == block
 
 
 def test_each_profile_s_default_extraction_and_a_bad_mode():
@@ -169,7 +170,7 @@ def test_each_profile_s_default_extraction_and_a_bad_mode():
 
     assert [default_extraction(f) for f in ("rstar2-paper", "rstar2-release", "hermes", "template")] == [
         "paper", "paper", "paper", "release"]
-    with pytest.raises(ValueError, match="choose one of paper, release"):
+    with pytest.raises(ValueError, match="choose one of paper, answer_block, release"):
         extract_answer("x", "prime")
 
 
@@ -189,3 +190,26 @@ def test_streamed_text_deltas_add_up_to_the_decoded_turn(fmt, text):
         decoder.feed([i])
     decoder.flush()
     assert "".join(deltas) == fmt.decode(ids)
+
+
+async def test_a_boxed_answer_outside_the_block_is_right_for_the_paper_and_wrong_for_answer_block():
+    """The same response graded both ways by the real grader: the paper's extraction reads the box after the last
+    tool response (1), answer_block finds no <answer> block (0); a box written before the tool call is not the
+    final answer for the paper."""
+    from rstar2_agent.grading.math import MathGrader
+    from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn
+
+    call = ToolCallRecord(turn=0, id="c1", name="python", arguments={"code": "print(6*7)"}, raw="", stdout="42")
+    traj = Trajectory(prompt_ids=[], turns=[Turn("Maybe \\boxed{41}? Let me check.", 9, "stop", [call]),
+                                            Turn("The program printed 42, so the answer is \\boxed{42}.", 12, "stop")])
+    graded = {}
+    for mode in ("paper", "answer_block", "release"):
+        grader = MathGrader(workers=1, extraction=mode)
+        try:
+            graded[mode] = (await grader.grade_trajectory(traj, "42")).correct
+        finally:
+            grader.close()
+    assert graded == {"paper": True, "answer_block": False, "release": True}
+    early = Trajectory(prompt_ids=[], turns=[Turn("Surely \\boxed{42}.", 4, "stop", [call]),
+                                             Turn("The program agrees.", 4, "stop")])
+    assert extract_answer(early.final_text) is None and extract_answer(early.text, "release") == "42"

@@ -146,7 +146,7 @@ def grader():
     ("<answer>\\boxed{73}</answer>", "073", True, None),
     ("<answer>\\boxed{(x+1)^2}</answer>", "x^2+2x+1", True, None),
     ("<answer>\\boxed{74}</answer>", "73", False, None),
-    ("it is \\boxed{73}, no <answer> block", "73", False, "no_answer"),  # the paper: the box inside <answer>
+    ("it is \\boxed{73}, no <answer> block", "73", True, None),  # the paper: the last box, block or not
     ("<answer>73</answer>", "73", False, "no_answer"),  # not boxed
     ("I do not know.", "73", False, "no_answer"),
 ])

@@ -44,20 +44,22 @@ async def test_grades_the_answer_block_and_reports_missing_answers(grader):
     assert [g.correct for g in many] == [i % 3 == i for i in range(9)]
 
 
-async def test_the_paper_reads_the_answer_block_and_the_release_reads_the_whole_response():
-    """A box outside any answer block, or no box at all: no answer for the paper's format; the release's reward takes
-    the last box anywhere, then math-verify's own extraction over the whole text."""
+async def test_answer_block_reads_the_block_the_paper_the_last_box_and_the_release_the_whole_response():
+    """A box outside any answer block: no answer for answer_block, right for the paper and the release; no box at
+    all: no answer for the paper, while the release's reward then runs math-verify's own extraction over the text."""
     paper, release = MathGrader(workers=1, timeout=20), MathGrader(workers=1, timeout=20, extraction="release")
+    block = MathGrader(workers=1, timeout=20, extraction="answer_block")
     try:
         outside = "I computed it: \\boxed{\\frac{1}{2}}"
-        assert (await paper.grade(outside, "0.5")).error == "no_answer"
-        assert (await release.grade(outside, "0.5")).correct
+        assert (await block.grade(outside, "0.5")).error == "no_answer"
+        assert (await paper.grade(outside, "0.5")).correct and (await release.grade(outside, "0.5")).correct
         unboxed = "So the final answer is $\\frac{1}{2}$."
         assert (await paper.grade(unboxed, "0.5")).error == "no_answer"
         found = await release.grade(unboxed, "0.5")
         assert found.correct and found.predicted is not None
         assert not (await release.grade(unboxed, "0.25")).correct
     finally:
+        block.close()
         paper.close()
         release.close()
     with pytest.raises(ValueError, match="unknown answer extraction"):

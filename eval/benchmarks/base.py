@@ -132,7 +132,7 @@ class MathBenchmark(Benchmark):
     """Answers graded by math-verify against the gold answer."""
 
     async def grade(self, traj: Trajectory, gold: str, ctx: Context) -> Outcome:
-        g = await ctx.math_grader.grade(traj.text, gold)
+        g = await ctx.math_grader.grade_trajectory(traj, gold)
         reason = {"timeout": "grader_timeout"}.get(g.error or "", g.error)
         if traj.stop_reason == "engine_error":
             reason = "engine_error"

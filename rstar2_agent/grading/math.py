@@ -2,8 +2,9 @@
 for integer golds that decides in the calling process.
 
 The predicted answer is read as the grader's `extraction` says (chat_format.EXTRACTIONS): `paper`, the last
-\\boxed{} of the last <answer> block; `release`, the release's reward: the last \\boxed{} anywhere, and where there
-is none math-verify's own extraction over the whole response. math-verify's own timeouts use signals, which break
+\\boxed{} after the last tool response; `answer_block`, the last \\boxed{} of the last <answer> block; `release`,
+the release's reward: the last \\boxed{} anywhere, and where there is none math-verify's own extraction over the
+whole response. math-verify's own timeouts use signals, which break
 in threads, so they are turned off and a stuck comparison is cut by the pool: the call returns `timeout` and the
 pool's processes are replaced.
 
@@ -25,8 +26,9 @@ import logging
 import multiprocessing
 import os
 from dataclasses import dataclass
+from typing import Any
 
-from ..chat_format import EXTRACTIONS, extract_answer
+from ..chat_format import EXTRACTIONS, answer_scope, extract_answer
 from .integers import integer_verdict
 
 
@@ -109,9 +111,13 @@ class MathGrader:
                 self.workers, mp_context=multiprocessing.get_context("forkserver"))
         return self._pool
 
+    async def grade_trajectory(self, traj: Any, gold: str) -> MathGrade:
+        """A trajectory's answer, read where the extraction reads it (chat_format.answer_scope)."""
+        return await self.grade(answer_scope(traj, self.extraction), gold)
+
     async def grade(self, text: str, gold: str) -> MathGrade:
         predicted = extract_answer(text, self.extraction)
-        if predicted is None and self.extraction == "paper":  # nothing to compare: no process needed
+        if predicted is None and self.extraction != "release":  # nothing to compare: no process needed
             return MathGrade(False, None, "no_answer")
         verdict = integer_verdict(predicted, gold) if self.fast and predicted is not None else None
         if verdict is not None:

@@ -16,7 +16,14 @@ import zlib
 from dataclasses import dataclass
 
 from rstar2_agent.agent import AgentConfig, run_agent
-from rstar2_agent.chat_format import ChatFormat, answer_blocks, default_extraction, extract_answer, well_formed_answer
+from rstar2_agent.chat_format import (
+    ChatFormat,
+    answer_blocks,
+    answer_scope,
+    default_extraction,
+    extract_answer,
+    well_formed_answer,
+)
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.grading.math import MathGrader
 from rstar2_agent.sandbox import Sandbox
@@ -167,7 +174,7 @@ class Rollouts:
         """1 if the final answer is right and the rollout was not cut off, else 0; no length penalty."""
         if traj.stop_reason in ("max_tokens", "max_turns", "engine_error"):
             return 0.0
-        return float((await self.grader.grade(traj.text, gold)).correct)
+        return float((await self.grader.grade_trajectory(traj, gold)).correct)
 
     async def filter_solved(self, stage: Stage, k: int) -> None:
         """Keep only the problems the current policy does not solve k out of k."""
@@ -211,7 +218,8 @@ class Rollouts:
         for (pid, question, gold), group, versions in zip(batch.prompts, batch.groups, batch.versions, strict=True):
             for k, (traj, reward) in enumerate(group):
                 row = sample_row(run_id, f"step{batch.step:05d}/{pid}", k, traj, correct=reward > 0,
-                                 answer=extract_answer(traj.text, self.grader.extraction), gold=gold,
+                                 answer=extract_answer(answer_scope(traj, self.grader.extraction),
+                                                       self.grader.extraction), gold=gold,
                                  details={"question": question, "step": batch.step, "version": versions[k]})
                 store.add_sample(row, traj.to_dict())
 

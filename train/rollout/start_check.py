@@ -7,7 +7,7 @@ here, before anything is updated or saved, with what to fix. A resumed run past 
 
 from __future__ import annotations
 
-from rstar2_agent.chat_format import extract_answer
+from rstar2_agent.chat_format import answer_scope, extract_answer
 
 from ..config import StartCheck
 from .rollouts import Batch, without_engine_errors
@@ -24,7 +24,8 @@ def start_figures(batch: Batch, extraction: str) -> dict[str, float]:
     such rollouts), and the counts they are over."""
     groups = [g for g in without_engine_errors(batch.groups) if g]
     rollouts = [(t, r) for g in groups for t, r in g]
-    answered = sum(r > 0 or (t.stop_reason not in CUT_OFF and extract_answer(t.text, extraction) is not None)
+    answered = sum(r > 0 or (t.stop_reason not in CUT_OFF
+                             and extract_answer(answer_scope(t, extraction), extraction) is not None)
                    for t, r in rollouts)  # r > 0: the release's extraction also reads answers without a \boxed{}
     signal = sum(0 < sum(r > 0 for _, r in g) < len(g) for g in groups)
     return {"start_answer_share": answered / len(rollouts) if rollouts else 0.0,
