@@ -262,15 +262,19 @@ def test_the_plan_command_renders_both_colocated_phases_in_text_and_json():
 def test_the_one_node_recipes_chain_from_their_sft_and_keep_the_papers_algorithm(rl, sft):
     """RL starts from its SFT's checkpoint in the same format profile (the rehearsal's hand-off check), sized through
     the SFT recipe before it exists; against the paper's 14B recipes only the model, the scale and the placement
-    differ (stages: only their response budgets)."""
+    differ (stages: their response budgets, and their data: the named alternative without the verifier, since the
+    42K's AoPS half needs a Qwen3-32B server to build)."""
+    from rstar2_agent.train.data.paper_problems import WITHOUT_VERIFIER
+
     sft_cfg, rl_cfg = recipes.load(SFTConfig, sft), one_node(rl)
     check_chain(sft_cfg, rl_cfg)
     assert model_shape(rl_cfg.model) == model_shape(sft_cfg.model)
     for before, after in ((rl14(), rl_cfg), (recipes.load(SFTConfig, SFT_14B), sft_cfg)):
         keys = {k for k, _, _ in recipes.diff(before, after)}
         algorithm = {k for k in keys if k not in ONE_NODE_SCALE and not k.startswith(("ray.", "engine_options."))
-                     and not k.endswith("].max_response_tokens")}
+                     and not k.endswith(("].max_response_tokens", "].data"))}
         assert not algorithm, algorithm
+    assert all(s.data == WITHOUT_VERIFIER for s in rl_cfg.stages)
     assert [(s.max_turns, s.filter_solved, s.reset_optimizer) for s in rl_cfg.stages] == [
         (10, 0, False), (10, 0, False), (15, 8, True)]
 

@@ -47,16 +47,26 @@ class Verifier(Engine):
         return Generation(ids, [0.0] * len(ids), "stop")
 
 
-def test_the_14b_recipe_and_the_chain_read_the_same_sources():
-    """open-r1's `all` config is the deduplicated 17K the paper counts (`en` drops the problems with Chinese text):
-    the recipe's stages and the chain's merge read the same DAPO and Project Euler."""
+def test_the_14b_recipe_trains_on_what_the_chain_builds_and_stops_early_without_it(tmp_path, monkeypatch):
+    """The 14B recipe's stages read the chain's output (the paper's 42K); where it is not built the run stops at the
+    recipe check, before a learner, an engine or Ray starts, naming the command that builds it and the named
+    alternative, which reads the chain's own DAPO (open-r1's `all`, the 17K the paper counts) and Project Euler."""
     from rstar2_agent.train.config import RLConfig
+    from rstar2_agent.train.data.paper_problems import RESULT, WITHOUT_VERIFIER
     from rstar2_agent.train.recipe import load
+    from rstar2_agent.train.rl import check_recipe
 
+    monkeypatch.chdir(tmp_path)
     paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
+    assert all(stage.data == f"runs/rl-problems/{RESULT}" for stage in paper.stages)
     defaults = PaperSources()
-    assert PAPER_DAPO.endswith(":all")
-    assert all(stage.data == [defaults.dapo, defaults.euler] for stage in paper.stages)
+    assert PAPER_DAPO.endswith(":all") and WITHOUT_VERIFIER == [defaults.dapo, defaults.euler]
+    with pytest.raises(DataError, match=r"stage 1's data runs/rl-problems/rl-problems.jsonl does not exist.*"
+                                        r"rstar2 train problems-paper --out runs/rl-problems .*open-r1/DAPO"):
+        check_recipe(paper)
+    (tmp_path / "runs" / "rl-problems").mkdir(parents=True)
+    (tmp_path / "runs" / "rl-problems" / RESULT).write_text('{"problem": "1+1?", "answer": "2", "source": "s"}\n')
+    check_recipe(paper)  # built: the check passes
 
 
 @pytest.mark.slow

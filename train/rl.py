@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import Engine
 from rstar2_agent.models import resolve_model
@@ -89,10 +90,23 @@ def check_recipe(cfg: RLConfig) -> Choice:
     check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
     check_staleness(cfg)
     check_placement(cfg)
+    check_stage_data(cfg)
     choice = choose(cfg)
     update_config(cfg, 0)
     check_micro_batch_tokens(cfg)
     return choice
+
+
+def check_stage_data(cfg: RLConfig) -> None:
+    """A stage's local problems file that is not there stops the run before anything starts (the 14B recipe reads
+    the paper's 42K, which `rstar2 train problems-paper` builds), saying how to build it and the named alternative."""
+    from .data.paper_problems import missing_problems_error
+    from .data.problems import missing_local_data
+
+    for i, stage in enumerate(cfg.stages, 1):
+        missing = missing_local_data(stage.data)
+        if missing:
+            raise DataError(missing_problems_error(i, missing))
 
 
 class RLRun:

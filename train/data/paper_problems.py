@@ -37,6 +37,17 @@ STEPS = ("aops", "aops-verified", "merge")
 # what the paper kept of each source (section 4): 17K DAPO, 937 Project Euler, 42K in all, so about 24K verified AoPS
 PAPER_KEPT = {"dapo": 17_000, "openmathreasoning": 42_000 - 17_000 - 937, "project-euler": 937}
 PAPER_TOTAL = 42_000
+RESULT = "rl-problems.jsonl"  # the chain's output in its --out folder: what an RL stage's data names
+WITHOUT_VERIFIER = [PAPER_DAPO, PAPER_EULER]  # the named alternative: about 18K, the AoPS half (GPUs to verify) left out
+
+
+def missing_problems_error(stage: int, missing: list[str]) -> str:
+    """What a recipe whose problems file is not built yet says, before anything starts."""
+    folder = str(Path(missing[0]).parent) if Path(missing[0]).name == RESULT else "DIR"
+    return (f"stage {stage}'s data {', '.join(missing)} does not exist. The paper's 42K RL problems are built once "
+            f"(resumable, step by step): `rstar2 train problems-paper --out {folder} --url URL --data-dir DIR`, URL "
+            "an OpenAI-compatible server of the verifier (the paper: Qwen3-32B). Or train on the 18K without the "
+            f"verifier (DAPO and Project Euler, no AoPS): set the stages' data to {json.dumps(WITHOUT_VERIFIER)}")
 
 
 def beside_paper(merge: dict[str, Any]) -> list[tuple[str, int, int | None]]:
@@ -108,7 +119,7 @@ async def build_paper_problems(out_dir: str | os.PathLike, verifier: VerifyConfi
     verifier = replace(verifier)  # verify() fills in the server's model: the recorded settings are the ones given
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    aops, verified, merged = out / "aops.jsonl", out / "aops-verified.jsonl", out / "rl-problems.jsonl"
+    aops, verified, merged = out / "aops.jsonl", out / "aops-verified.jsonl", out / RESULT
     plan: list[tuple[str, Path, dict[str, Any], Callable[[], Awaitable[Any]]]] = [  # each run's counts: as_json()
         ("aops", aops, {"source": sources.aops, "benchmarks": benchmarks, "boilerplate": boilerplate},
          lambda: asyncio.to_thread(build, [sources.aops], aops, data_dir, benchmarks, boilerplate)),

@@ -400,6 +400,14 @@ def is_problem_data(data: str | list[str]) -> bool:
     return not isinstance(data, str) or ":" in data or data.endswith(".jsonl")
 
 
+def missing_local_data(data: str | list[str]) -> list[str]:
+    """The local files a stage's data names that are not there (hub sources and generators are not checked)."""
+    if not is_problem_data(data):
+        return []
+    specs = [data] if isinstance(data, str) else list(data)
+    return [str(s.path) for s in map(parse_source, specs) if s.path is not None and not s.path.exists()]
+
+
 def stage_problems(data: str | list[str], data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike
                    ) -> list[RLProblem]:
     """An RL stage's problems: a curated file as it is; sources curated once into `cache_dir` (keyed by the
