@@ -38,7 +38,7 @@ STEPS = ("aops", "aops-verified", "merge")
 PAPER_KEPT = {"dapo": 17_000, "openmathreasoning": 42_000 - 17_000 - 937, "project-euler": 937}
 PAPER_TOTAL = 42_000
 RESULT = "rl-problems.jsonl"  # the chain's output in its --out folder: what an RL stage's data names
-WITHOUT_VERIFIER = [PAPER_DAPO, PAPER_EULER]  # the named alternative: about 18K, the AoPS half (GPUs to verify) left out
+WITHOUT_VERIFIER = [PAPER_DAPO, PAPER_EULER]  # the named alternative: about 18K, no AoPS (GPUs to verify)
 
 
 def missing_problems_error(stage: int, missing: list[str]) -> str:
