@@ -318,8 +318,8 @@ async def test_one_client_holding_its_concurrency_budget_does_not_block_another(
     url, _, _ = attacked
     async with client(ATTACKER) as a:
         sleepers = [asyncio.create_task(a.post(f"{url}/v1/chat/completions",
-                                               json=chat("RUN: import time; time.sleep(2)", tool_timeout=5)))
-                    for _ in range(5)]
+                                               json=chat("RUN: import time; time.sleep(2.5)", tool_timeout=5)))
+                    for _ in range(4)]
         await asyncio.sleep(0.5)
         async with client() as c:
             dt, r = await timed(c, "POST", f"{url}/v1/chat/completions", json=chat(max_tokens=8))
