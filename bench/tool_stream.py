@@ -42,7 +42,7 @@ class ParserCost:
 
 
 def _stream(fmt: ChatFormat, ids: list[int], parse: bool) -> float:
-    parser = ReplyParser(fmt.protocol.name, True, tools=[PAPER_SCHEMA])
+    parser = ReplyParser(fmt.rules.name, True, tools=[PAPER_SCHEMA])
     sink: list[Any] = []
     on_text = (lambda kind, text: sink.extend(parser.feed(text))) if parse else (lambda kind, text: sink.append(text))
     decoder = StreamDecoder(fmt, on_text)

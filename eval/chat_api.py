@@ -15,7 +15,7 @@ from rstar2_agent.agent import AgentConfig, Execute, run_calls, stop_after_turn
 from rstar2_agent.chat_format import (
     SYSTEM_PROMPT,
     USER_TEMPLATE,
-    HermesProtocol,
+    HermesFormat,
     ToolCall,
     answer_scope,
     cap_calls,
@@ -104,7 +104,7 @@ class ChatAPIAgent:
                         finish_reason="length" if choice.finish_reason == "length" else "stop")
             traj.turns.append(turn)
             calls = cap_calls([_call(c, tools) for c in msg.tool_calls or []],
-                              cfg.max_calls_per_turn or HermesProtocol.max_calls_per_turn)
+                              cfg.max_calls_per_turn or HermesFormat.max_calls_per_turn)
             traj.stop_reason = stop_after_turn(turn.text, bool(calls), choice.finish_reason == "length")
             if traj.stop_reason:
                 break

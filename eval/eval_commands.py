@@ -171,7 +171,7 @@ def paper_cmd(**o) -> None:
     tokens (the release's eval script), top_p 1 (the paper gives none); BFCL v3 as its leaderboard runs it, one greedy
     sample; IFEval and Arena-Hard one greedy sample of the benchmark's prompt, no tool; those three 16384 tokens, room
     for a reasoning model (--max-tokens 4096: the leaderboards' own cap). It
-    says which format profile it used for the model, and why. A benchmark without data is skipped with the reason.
+    says which format it used for the model, and why. A benchmark without data is skipped with the reason.
     --limit K: a smoke run on the first K problems of each (BFCL: of each category)."""
     from rstar2_agent.store import Store
 
@@ -211,7 +211,7 @@ def refuse_unknown_format(source, cfg, given: str | None) -> None:
 
 
 def paper_format_line(source, cfg, given: str | None) -> str:
-    """Which format profile the paper's table ran in for this model, and why."""
+    """Which format the paper's table ran in for this model, and why."""
     from rstar2_agent.models import format_reason
 
     if cfg.api == "chat":

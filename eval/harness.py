@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class Source(EngineSpec):
     """Where the samples come from: a local model on an engine (several: a replica pool), or an OpenAI-compatible
     endpoint (several `urls`: a replica pool over them); `model` with urls: where the tokenizer comes from. The
-    response budget and the tool protocol come from the run's EvalConfig."""
+    response budget and the format come from the run's EvalConfig."""
     sandbox_urls: list[str] = field(default_factory=list)
     isolation: bool = True
     grader_timeout: float = 10.0
@@ -93,10 +93,10 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
             fmt = None
         elif engine is None:
             engine, fmt = build_engines(source, cfg, benches, console)
-            cfg.format = fmt.protocol.name
+            cfg.format = fmt.rules.name
         else:
             fmt = replace(source, format=cfg.format or None).chat_format(engine, resolve_model(source.model))
-            cfg.format = fmt.protocol.name
+            cfg.format = fmt.rules.name
         # unset: how RL's reward read this checkpoint's answers (what the model was trained to write), else the format's
         cfg.answer_extraction = (cfg.answer_extraction or (trained_extraction(source.model) if fmt else "")
                                  or default_extraction(cfg.format or "hermes"))

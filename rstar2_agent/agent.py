@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chat_format import (
-    PROTOCOLS,
+    FORMAT_RULES,
     ChatFormat,
     ToolCall,
     answer_blocks,
@@ -69,7 +69,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
     t_start = time.monotonic()
     traj = Trajectory(prompt_ids=list(prompt_ids) if prompt_ids is not None else fmt.render_prompt(prompt, tools))
     emit = on_event or (lambda kind, payload: None)
-    stops = list(dict.fromkeys([*cfg.sampling.stop, *fmt.protocol.stop]))
+    stops = list(dict.fromkeys([*cfg.sampling.stop, *fmt.rules.stop]))
     calls_made = 0  # generations so far: each gets its own seed (call_seed)
     for turn_index in range(cfg.max_turns):
         room = min(cfg.max_response_tokens - len(traj.response_ids),
@@ -84,7 +84,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         resumes = 0
         try:
             while True:  # one assistant turn; resumed when a stop string ended it without a call
-                turn_stops = stops if resumes < MAX_RESUMES else [s for s in stops if s not in fmt.protocol.soft_stop]
+                turn_stops = stops if resumes < MAX_RESUMES else [s for s in stops if s not in fmt.rules.soft_stop]
                 sampling = dataclasses.replace(cfg.sampling, max_tokens=min(cfg.sampling.max_tokens, room - len(
                     turn_ids)), stop=turn_stops, stop_token_ids=[*cfg.sampling.stop_token_ids, *fmt.stop_token_ids],
                     seed=call_seed(cfg.sampling.seed, calls_made))
@@ -94,7 +94,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
                 turn_ids += gen.token_ids
                 turn_logprobs += gen.logprobs
                 text = fmt.decode(turn_ids)
-                calls = fmt.parse(text, cfg.max_calls_per_turn or fmt.protocol.max_calls_per_turn, tools)
+                calls = fmt.parse(text, cfg.max_calls_per_turn or fmt.rules.max_calls_per_turn, tools)
                 if calls or gen.stop_text is None or gen.finish_reason != "stop" or len(turn_ids) >= room:
                     break
                 resumes += 1
@@ -120,7 +120,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             emit("turn_end", turn)
             break
         t0 = time.monotonic()
-        turn.tool_calls = await run_calls(calls, turn_index, sandbox, cfg, fmt.protocol.name, emit, execute)
+        turn.tool_calls = await run_calls(calls, turn_index, sandbox, cfg, fmt.rules.name, emit, execute)
         traj.timings["tools"] += time.monotonic() - t0
         ended_with_eos = bool(turn_ids) and turn_ids[-1] == fmt.eos_id
         inserted = fmt.tool_response_ids([c.response for c in turn.tool_calls], ended_with_eos, text)
@@ -132,7 +132,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         traj.add_inserted(inserted)
     else:
         traj.stop_reason = "max_turns"
-    mode = default_extraction(fmt.protocol.name)
+    mode = default_extraction(fmt.rules.name)
     traj.answer = extract_answer(answer_scope(traj, mode), mode)
     traj.timings["total"] = time.monotonic() - t_start
     return traj
@@ -164,7 +164,7 @@ def not_run(call: ToolCall, turn: int) -> ToolCallRecord:
     return rec
 
 
-async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, protocol: str,
+async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, cfg: AgentConfig, format_name: str,
                     emit: OnEvent | None = None, execute: Execute | None = None) -> list[ToolCallRecord]:
     """Run a turn's calls concurrently; a call that cannot run, or whose sandbox fails, still gets an answer."""
     emit = emit or (lambda kind, payload: None)
@@ -184,8 +184,8 @@ async def run_calls(calls: list[ToolCall], turn: int, sandbox: Sandbox | None, c
             result = await _execute(call, sandbox, cfg.tool_timeout)
             rec.status, rec.stdout, rec.stderr, rec.duration = str(result.status), result.stdout, result.stderr, \
                 result.duration
-        limit = cfg.max_tool_output_chars or PROTOCOLS[protocol].max_tool_output_chars
-        rec.response = format_result(call, result, limit, protocol)
+        limit = cfg.max_tool_output_chars or FORMAT_RULES[format_name].max_tool_output_chars
+        rec.response = format_result(call, result, limit, format_name)
         emit("tool_result", rec)
         return rec
 

@@ -2,7 +2,7 @@
 
 Everything the model sees goes through here, as token ids, for serve, eval and train alike.
 
-Two tool-call protocols share one interface:
+The formats share one interface:
 - `hermes` (rStar2-Agent): calls are `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` in the
   assistant turn; results come back as a `user` turn of `<tool_response>` blocks.
 - `markdown` (Qwen2.5-Math tool-integrated reasoning): a fenced ```python block followed by ```output runs;
@@ -21,8 +21,8 @@ import re
 from typing import Any
 
 from . import paper_format, release_format
-from .paper_format import PaperProtocol
-from .release_format import ReleaseProtocol
+from .paper_format import PaperFormat
+from .release_format import ReleaseFormat
 from .sandbox.tools import STATELESS_SCHEMA, STATELESS_TOOL
 from .tool_calls import ToolCall, cap_calls, validate_arguments
 
@@ -59,8 +59,8 @@ def default_tools() -> list[dict[str, Any]]:
 
 
 
-# ---------------------------------------------------------------------------------------------- protocols
-class HermesProtocol:
+# ---------------------------------------------------------------------------------------------- formats
+class HermesFormat:
     name = "hermes"
     max_calls_per_turn = 8  # calls past it are answered with an error
     max_tool_output_chars = 2048  # per stream, per call
@@ -111,7 +111,7 @@ class HermesProtocol:
             "\n</tool_call>"
 
 
-class MarkdownProtocol:
+class MarkdownFormat:
     """A closed ```python block at the end of the generated text runs: either followed by ```output (the
     Qwen2.5-Math TIR form) or just closed by ``` (what small models write). Generation stops at both; a stop
     at any other fence is not a call, and the loop lets the model go on."""
@@ -151,17 +151,17 @@ class MarkdownProtocol:
         return f"```python\n{arguments.get('code', '')}\n```\n```output"
 
 
-class TemplateProtocol(HermesProtocol):
+class TemplateFormat(HermesFormat):
     """Any tool-calling model in its own format: the model's chat template renders the conversation with the tools
     passed as `tools=` and the results as `tool` messages (as vLLM and SGLang render it); Hermes calls are parsed."""
 
     name = "template"
 
 
-PROTOCOLS = {"hermes": HermesProtocol, "markdown": MarkdownProtocol, "rstar2-release": ReleaseProtocol,
-             "rstar2-paper": PaperProtocol, "template": TemplateProtocol}
-FORMATS = tuple(PROTOCOLS)  # the format profiles: `--format` on chat, serve, eval, train
-FIXED_TEMPLATE = (ReleaseProtocol.name, PaperProtocol.name)  # rendered by release_format, not the model's template
+FORMAT_RULES = {"hermes": HermesFormat, "markdown": MarkdownFormat, "rstar2-release": ReleaseFormat,
+             "rstar2-paper": PaperFormat, "template": TemplateFormat}
+FORMATS = tuple(FORMAT_RULES)  # the formats: `--format` on chat, serve, eval, train
+FIXED_TEMPLATE = (ReleaseFormat.name, PaperFormat.name)  # rendered by release_format, not the model's template
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -173,16 +173,16 @@ def truncate(text: str, limit: int) -> str:
     return f"{head}\n...[{len(text) - len(head) - len(tail)} characters cut]...\n{tail}"
 
 
-def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: str) -> str:
+def format_result(call: ToolCall, result: Any | None, max_chars: int, format_name: str) -> str:
     """The text the model reads for one call: an error, or status, stdout, stderr and time, each cut."""
-    if protocol in FIXED_TEMPLATE:
-        return PROTOCOLS[protocol].result_text(call, result, max_chars)
+    if format_name in FIXED_TEMPLATE:
+        return FORMAT_RULES[format_name].result_text(call, result, max_chars)
     if call.error is not None:
         body = {"name": call.name or None, "status": "failure", "error": call.error}
-        return f"Error: {call.error}" if protocol == "markdown" else json.dumps(body, ensure_ascii=False)
+        return f"Error: {call.error}" if format_name == "markdown" else json.dumps(body, ensure_ascii=False)
     assert result is not None
     stdout, stderr = truncate(result.stdout, max_chars), truncate(result.stderr, max_chars)
-    if protocol == "markdown":
+    if format_name == "markdown":
         text = stdout + (("\n" if stdout and not stdout.endswith("\n") else "") + stderr if stderr else "")
         if str(result.status) not in ("ok", "error"):
             text += f"\n[{result.status}]"
@@ -193,16 +193,16 @@ def format_result(call: ToolCall, result: Any | None, max_chars: int, protocol: 
 
 
 # ---------------------------------------------------------------------------------------------- records
-# SFT records (OpenAI-style messages) may carry what a turn was made of, so one record set teaches any format profile:
-# a user turn's `problem` (each profile wraps it its own way) and a tool turn's `result` (an ExecResult as a dict:
-# each profile writes its own tool response text). `for_format` writes those turns as the profile does.
+# SFT records (OpenAI-style messages) may carry what a turn was made of, so one record set teaches any format:
+# a user turn's `problem` (each format wraps it its own way) and a tool turn's `result` (an ExecResult as a dict:
+# each format writes its own tool response text). `for_format` writes those turns as the format does.
 def problem_message(problem: str) -> dict[str, Any]:
     return {"role": "user", "content": USER_TEMPLATE.format(problem=problem), "problem": problem}
 
 
 def tool_message(call_id: str, name: str, result: Any) -> dict[str, Any]:
     """A tool turn for a call that ran (result: an ExecResult), written as hermes writes it, with the raw result."""
-    text = format_result(ToolCall(name, {}, id=call_id), result, HermesProtocol.max_tool_output_chars, "hermes")
+    text = format_result(ToolCall(name, {}, id=call_id), result, HermesFormat.max_tool_output_chars, "hermes")
     shown = {k: v for k, v in result.to_dict().items() if k in ("status", "stdout", "stderr", "exit_code", "duration")}
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "result": shown}
 
@@ -218,7 +218,7 @@ def for_format(fmt: ChatFormat, messages: list[dict[str, Any]]) -> list[dict[str
             name = fmt.tools[0].get("function", fmt.tools[0])["name"] if fmt.tools else m.get("name", "")
             call = ToolCall(name, {}, id=m.get("tool_call_id", ""))
             m = {**m, "content": format_result(call, ExecResult.from_dict(m["result"]),
-                                               fmt.protocol.max_tool_output_chars, fmt.protocol.name)}
+                                               fmt.rules.max_tool_output_chars, fmt.rules.name)}
         out.append(m)
     return out
 
@@ -267,9 +267,9 @@ EXTRACTIONS = ("paper", "answer_block", "release")
 
 
 def default_extraction(format_name: str) -> str:
-    """The extraction a format profile's prompt asks for: every profile of ours asks for <answer>\\boxed{}</answer>;
-    the template profile sends the user's text alone, so nothing asks for an answer block there."""
-    return "release" if format_name == TemplateProtocol.name else "paper"
+    """The extraction a format's prompt asks for: every format of ours asks for <answer>\\boxed{}</answer>;
+    the template format sends the user's text alone, so nothing asks for an answer block there."""
+    return "release" if format_name == TemplateFormat.name else "paper"
 
 
 def extract_answer(text: str, mode: str = "paper") -> str | None:
@@ -292,19 +292,19 @@ def answer_scope(traj: Any, mode: str = "paper") -> str:
 class ChatFormat:
     """Renders conversations to token ids with the model's chat template and parses what it writes."""
 
-    def __init__(self, tokenizer: Any, protocol: str = "hermes", chat_template: str | None = None,
+    def __init__(self, tokenizer: Any, format_name: str = "hermes", chat_template: str | None = None,
                  tools: list[dict[str, Any]] | None = None):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown tool protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+        if format_name not in FORMAT_RULES:
+            raise ValueError(f"unknown format {format_name!r}; choose one of {', '.join(FORMAT_RULES)}")
         self.tokenizer = tokenizer
-        self.protocol = PROTOCOLS[protocol]()
-        self.release = protocol == ReleaseProtocol.name
-        self.fixed = protocol in FIXED_TEMPLATE  # the release's template (or the paper's variant), not the model's
-        self.own_template = protocol == TemplateProtocol.name  # the model's template with tools=, as vLLM renders
+        self.rules = FORMAT_RULES[format_name]()
+        self.release = format_name == ReleaseFormat.name
+        self.fixed = format_name in FIXED_TEMPLATE  # the release's template (or the paper's variant), not the model's
+        self.own_template = format_name == TemplateFormat.name  # the model's template with tools=, as vLLM renders
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
         if tools is None:
-            tools = {ReleaseProtocol.name: release_format.default_tools, PaperProtocol.name: paper_format.default_tools
-                     }.get(protocol, default_tools)()
+            tools = {ReleaseFormat.name: release_format.default_tools, PaperFormat.name: paper_format.default_tools
+                     }.get(format_name, default_tools)()
         self.tools = tools
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.eos_token_id
@@ -320,7 +320,7 @@ class ChatFormat:
         tools = self.tools if tools is None else tools
         if self.fixed:
             return release_format.render(messages, tools, add_generation_prompt, prefix_assistant=self.release,
-                                         default_system=self.protocol.system, problem_prefix=problem_prefix)
+                                         default_system=self.rules.system, problem_prefix=problem_prefix)
         extra = {"tools": tools or None} if self.own_template else {}
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt, **extra)
@@ -336,7 +336,7 @@ class ChatFormat:
     # -- prompts
     def system_prompt(self, tools: list[dict[str, Any]] | None = None, base: str = SYSTEM_PROMPT) -> str:
         tools = self.tools if tools is None else tools
-        return base + (self.protocol.tools_prompt(tools) if tools else "")
+        return base + (self.rules.tools_prompt(tools) if tools else "")
 
     def user_content(self, problem: str) -> str:
         """A user turn for a problem: wrapped as rStar2 asks (the release's template wraps it itself)."""
@@ -360,18 +360,18 @@ class ChatFormat:
                 pending_results.append(content)
                 continue
             if pending_results:  # consecutive tool results become one user turn
-                out.append({"role": "user", "content": self.protocol.results_text(pending_results)})
+                out.append({"role": "user", "content": self.rules.results_text(pending_results)})
                 pending_results = []
             if role == "system":
                 out.append({"role": "system", "content": self.system_prompt(tools, base=content)})
             elif role == "assistant":
-                calls = [self.protocol.render_call(c["function"]["name"], _args(c["function"].get("arguments")))
+                calls = [self.rules.render_call(c["function"]["name"], _args(c["function"].get("arguments")))
                          for c in m.get("tool_calls") or []]
                 out.append({"role": "assistant", "content": "\n".join([content, *calls]).strip("\n")})
             else:
                 out.append({"role": str(role), "content": content})
         if pending_results:
-            out.append({"role": "user", "content": self.protocol.results_text(pending_results)})
+            out.append({"role": "user", "content": self.rules.results_text(pending_results)})
         if not out or out[0]["role"] != "system":
             out.insert(0, {"role": "system", "content": self.system_prompt(tools)})
         return out
@@ -379,7 +379,7 @@ class ChatFormat:
     def render_prompt(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                       problem_prefix: bool = True) -> list[int]:
         """The prompt's ids, up to and including the generation prompt. `problem_prefix=False`, for messages that
-        are not a math problem (IFEval, Arena-Hard, BFCL in their own prompts): the rStar2 profiles' templates leave
+        are not a math problem (IFEval, Arena-Hard, BFCL in their own prompts): the rStar2 formats' templates leave
         out the math-problem instruction they put before every user turn (the other formats never add it to
         messages)."""
         return self.encode(self._apply(self.messages_for(prompt, tools), True, tools, problem_prefix))
@@ -390,14 +390,14 @@ class ChatFormat:
         <tool_response> blocks and the next assistant header; for markdown the output block."""
         if self.release:  # the release's loop: right after the model's <|im_end|>, no newline
             return self.encode(release_format.tool_response_text(results))
-        if self.fixed:  # the paper's profile: as its template renders the whole conversation (SFT renders that too)
+        if self.fixed:  # the paper's format: as its template renders the whole conversation (SFT renders that too)
             end = "\n" if turn_ended_with_eos else self.eos_text + "\n"
             return self.encode(end + release_format.tool_response_text(results))
         if self.own_template:
             return self.encode(self._template_results(results, turn_ended_with_eos))
-        if not self.protocol.user_turn_results:
-            return self.encode(self.protocol.results_text(results, turn_text))
-        text = self._after_assistant.replace(_MARK_C, self.protocol.results_text(results))
+        if not self.rules.user_turn_results:
+            return self.encode(self.rules.results_text(results, turn_text))
+        text = self._after_assistant.replace(_MARK_C, self.rules.results_text(results))
         if turn_ended_with_eos and text.startswith(self.eos_text):
             text = text[len(self.eos_text):]
         return self.encode(text)
@@ -413,11 +413,11 @@ class ChatFormat:
         opened = self._apply(self.messages_for([*before, {"role": "user", "content": self.user_content(text)}]), True)
         turn_end, new = (t[t.index(_MARK_B) + len(_MARK_B):] for t in (closed, opened))
         if not new.startswith(turn_end):
-            raise ValueError(f"the {self.protocol.name} template ends an assistant turn differently when a user turn "
+            raise ValueError(f"the {self.rules.name} template ends an assistant turn differently when a user turn "
                              "follows")
         if turn_ended_with_eos:
             if not new.startswith(self.eos_text):
-                raise ValueError(f"the {self.protocol.name} template does not end an assistant turn with "
+                raise ValueError(f"the {self.rules.name} template does not end an assistant turn with "
                                  f"{self.eos_text!r}, the token the model ended its answer with")
             new = new[len(self.eos_text):]
         return self.encode(new)
@@ -435,13 +435,13 @@ class ChatFormat:
         end = text.find(self.eos_text, text.index(_MARK_B) + len(_MARK_B))
         if end < 0:
             raise ValueError(f"the chat template does not end an assistant turn with {self.eos_text!r}; the template "
-                             "profile cannot insert tool results token-exactly: use --format hermes")
+                             "format cannot insert tool results token-exactly: use --format hermes")
         text = text[end:]
         return text[len(self.eos_text):] if turn_ended_with_eos else text
 
     def parse(self, text: str, max_calls: int, tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
         try:
-            return self.protocol.parse(text, self.tools if tools is None else tools, max_calls)
+            return self.rules.parse(text, self.tools if tools is None else tools, max_calls)
         except Exception as e:  # noqa: BLE001 - the parser must never raise into the loop
             return [ToolCall("", {}, text[-200:], f"the tool call could not be read ({type(e).__name__})")]
 

@@ -29,7 +29,7 @@ class ModelSpec:
     name: str
     hub_id: str | None = None  # where it lives on the Hugging Face Hub
     gguf: tuple[str, str] | None = None  # (python package, file inside it): embedded, converted once
-    format: str = "hermes"  # a format profile (chat_format.FORMATS)
+    format: str = "hermes"  # a format (chat_format.FORMATS)
     context_length: int = 32768
     chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
     format_note: str = ""  # why this format: printed where a command says which format it uses
@@ -101,19 +101,19 @@ def trained_extraction(model: str | None) -> str:
 
 
 def format_reason(model: str | None, given: str | None, used: str) -> str:
-    """Which format profile a command uses for a model, and why (without loading or downloading anything)."""
+    """Which format a command uses for a model, and why (without loading or downloading anything)."""
     if given:
         return f"{used}: given with --format"
     name = model or DEFAULT_MODEL
     spec = REGISTRY.get(name.lower())
     if spec is not None:
         note = f" ({spec.format_note})" if spec.format_note else ""
-        return f"{used}: the registry's profile for {spec.name}{note}"
+        return f"{used}: the registry's format for {spec.name}{note}"
     meta = checkpoint_meta(name)
     if meta is not None:
         return f"{used}: the format the checkpoint was trained in ({meta})"
     if any(s.hub_id and s.hub_id.lower() == name.lower() for s in REGISTRY.values()):
-        return f"{used}: the registry's profile for {name}"
+        return f"{used}: the registry's format for {name}"
     if Path(name).expanduser().is_dir() and is_public_checkpoint(Path(name).expanduser()):
         return f"{used}: the folder's tokenizer carries the release's chat template (the public rStar2-Agent-14B)"
     return (f"{used}: the default for a model the registry does not know (the public rStar2-Agent-14B: --format "
@@ -164,17 +164,17 @@ def _spec_for_folder(path: Path | None, hub_id: str | None = None) -> ModelSpec:
     for spec in REGISTRY.values():
         if spec.hub_id and hub_id and spec.hub_id.lower() == hub_id.lower():
             return spec
-    context, protocol = 32768, "hermes"
+    context, format_name = 32768, "hermes"
     if is_public_checkpoint(path):
-        protocol = REGISTRY[PUBLIC_CHECKPOINT].format
+        format_name = REGISTRY[PUBLIC_CHECKPOINT].format
     if path is not None and (path / "config.json").exists():
         config = json.loads((path / "config.json").read_text())
         context = int(config.get("max_position_embeddings") or context)
     if path is not None and (path / "rstar2.json").exists():  # our checkpoints say how they were trained
         meta = json.loads((path / "rstar2.json").read_text())
-        protocol = meta.get("format", meta.get("tool_protocol", protocol))  # older checkpoints: tool_protocol
+        format_name = meta.get("format", meta.get("tool_protocol", format_name))  # older checkpoints: tool_protocol
         context = int(meta.get("context_length") or context)
-    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, format=protocol, context_length=context)
+    return ModelSpec(name=str(path or hub_id), hub_id=hub_id, format=format_name, context_length=context)
 
 
 def _download(hub_id: str) -> str:

@@ -1,14 +1,14 @@
-"""The `rstar2-paper` format profile: what the public rStar2-Agent-14B checkpoint (`rstar2-reproduce/rStar2-Agent-14B`)
+"""The `rstar2-paper` format: what the public rStar2-Agent-14B checkpoint (`rstar2-reproduce/rStar2-Agent-14B`)
 saw in training, as far as the paper (arXiv 2508.20722) fixes it.
 
 The release's README says its migrated training code "hasn't been used to train a complete model": the checkpoint
 was trained in the paper's internal framework, whose format the paper shows in its prompt figure (Figure 3) and its
-trace figures. What they fix, and what this profile renders:
+trace figures. What they fix, and what this format renders:
 
 - The system turn: Figure 3's system prompt (PAPER_SYSTEM; it differs from the release's in four places: "The user
   asks", "provides the user", "The reasoning process and answer are enclosed within <reason> </reason> and
   <answer> </answer> tags", and no space between `</reason>` and `<answer>`; the release's wording stays in the
-  `rstar2-release` profile), then the Hermes "# Tools" block with one tool,
+  `rstar2-release` format), then the Hermes "# Tools" block with one tool,
   `execute_python_code_with_standard_io`, whose schema is the release's (description, `code` and `input`, both
   required) plus a `return` entry (PAPER_SCHEMA).
 - The user turn: "You must put your answer inside <answer> </answer> tags, ... This is the problem:\\n{problem}".
@@ -24,7 +24,7 @@ hidden in the code):
 - The generation prompt: `<|im_start|>assistant\\n<reason>`. Figure 3's text ends with `<think>`, but its system
   prompt asks for `<reason>` and every trace figure opens assistant turns with `<reason>`, as the release does.
 - Assistant turns without calls are written as they are (the release's template prefixes them with the problem
-  instruction, a quirk of its code that the paper does not show), so SFT can render this profile.
+  instruction, a quirk of its code that the paper does not show), so SFT can render this format.
 - On a failure only stderr is shown (the figure shows the traceback alone); a timeout or a memory kill reads
   `reason: error message: <our sandbox's message>`.
 - Tool responses are inserted as the template renders the whole conversation: a newline after the model's
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .release_format import ReleaseProtocol, truncate
+from .release_format import ReleaseFormat, truncate
 from .sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL, stderr_of
 from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecResult, Status
@@ -65,7 +65,7 @@ FAILED = "tool call failed"
 MAX_RESPONSE_CHARS = 2048
 
 
-class PaperProtocol(ReleaseProtocol):
+class PaperFormat(ReleaseFormat):
     name = "rstar2-paper"
     system = PAPER_SYSTEM
     python_tool = PAPER_TOOL

@@ -1,4 +1,4 @@
-"""The `rstar2-release` format profile: the prompt, tool calls and tool responses the released checkpoint saw.
+"""The `rstar2-release` format: the prompt, tool calls and tool responses the released checkpoint saw.
 
 Reproduced from the release (microsoft/rStar: the trainer config's `custom_chat_template`, the tool config, the
 `rstar2_agent_hermes` tool parser and the agent loop), not included from it; tests render the release's own
@@ -12,7 +12,7 @@ template and compare text and token ids.
   rendering of the tool messages with the generation prompt, less its system turn (the release renders
   `[tool messages]` and cuts off the ids of the template's empty-conversation system turn). It starts at
   `<|im_start|>user`, right after the model's `<|im_end|>`, with no newline between them.
-- `ReleaseProtocol.parse`: the release's parser: nothing unless both `<tool_call>` and `</tool_call>` occur; each
+- `ReleaseFormat.parse`: the release's parser: nothing unless both `<tool_call>` and `</tool_call>` occur; each
   `<tool_call>...</tool_call>` body is JSON with "name" and "arguments", else it is answered
   `Failed to decode tool call: <error>`; only the first `max_calls` calls are answered (the release's
   `max_parallel_calls`, verl's default 1), the rest are dropped without an answer, as the release drops them.
@@ -66,9 +66,9 @@ def _json(value: Any) -> str:
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
            add_generation_prompt: bool, prefix_assistant: bool = True, default_system: str = DEFAULT_SYSTEM,
            problem_prefix: bool = True) -> str:
-    """The release's template. `prefix_assistant=False` (the rstar2-paper profile) leaves assistant turns without
+    """The release's template. `prefix_assistant=False` (the rstar2-paper format) leaves assistant turns without
     tool calls as written: the release template's prefix on them is a quirk of its code, not in the paper.
-    `default_system`: the system prompt when the messages bring none (the paper's profile: its Figure 3's).
+    `default_system`: the system prompt when the messages bring none (the paper's format: its Figure 3's).
     `problem_prefix=False`: user turns as written, without the math-problem instruction (the paper's non-math
     benchmarks, in their own prompts)."""
     prefix = PROBLEM_PREFIX if problem_prefix else ""
@@ -105,7 +105,7 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
 
 
 def tool_response_text(results: list[str]) -> str:
-    """The same for the release and the paper's profile (tool turns and the generation prompt only)."""
+    """The same for the release and the paper's format (tool turns and the generation prompt only)."""
     return render([{"role": "tool", "content": r} for r in results], None, True)[len(render([], None, False)):]
 
 
@@ -116,7 +116,7 @@ def truncate(text: str, limit: int) -> str:
     return text[:keep] + "...(truncated)..." + text[len(text) - keep:]
 
 
-class ReleaseProtocol:
+class ReleaseFormat:
     name = "rstar2-release"
     system = DEFAULT_SYSTEM  # the system prompt when a conversation brings none
     stop: list[str] = []  # a turn ends at <|im_end|>
@@ -140,12 +140,12 @@ class ReleaseProtocol:
             calls.append(self._call(name, args, m.group(0), tools))
         return calls[:max_calls]
 
-    python_tool = RELEASE_TOOL  # the profile's own Python tool; the other profile's name for it is answered too
+    python_tool = RELEASE_TOOL  # the format's own Python tool; the other format's name for it is answered too
     alias = PAPER_TOOL
 
     @staticmethod
     def failure(message: str) -> str:
-        """How the profile words a call it could not run (the release's loop: the message as it is)."""
+        """How the format words a call it could not run (the release's loop: the message as it is)."""
         return message
 
     def _call(self, name: Any, args: Any, raw: str, tools: list[dict[str, Any]]) -> ToolCall:
@@ -190,4 +190,4 @@ def default_tools() -> list[dict[str, Any]]:
     return [RELEASE_SCHEMA]
 
 
-__all__ = ["RELEASE_TOOL", "ReleaseProtocol", "default_tools", "render", "tool_response_text"]
+__all__ = ["RELEASE_TOOL", "ReleaseFormat", "default_tools", "render", "tool_response_text"]

@@ -7,14 +7,14 @@ call's head before its name is known, whitespace that may end a part), so where 
 comes out (tests/test_reply_stream.py replays recorded replies cut at every boundary).
 
 The split, as vLLM's and SGLang's reasoning parsers make it:
-- rStar2 profiles (`rstar2-paper`, `rstar2-release`): the `<answer>` block(s), tags kept, are the content (the part
+- rStar2 formats (`rstar2-paper`, `rstar2-release`): the `<answer>` block(s), tags kept, are the content (the part
   the reward and eval read, so a client that grades reads what RL rewarded); everything else the model wrote
   (its `<reason>` blocks, tags dropped, and what lies between) is the reasoning.
-- other profiles: the text inside `<think>` ... `</think>` is the reasoning (tags dropped; a reply whose prompt ends in
+- other formats: the text inside `<think>` ... `</think>` is the reasoning (tags dropped; a reply whose prompt ends in
   an open `<think>` starts inside it); the rest is the content.
 - Each part is stripped of the whitespace at its ends (a part of whitespace alone is no part).
 
-Tool calls (client tools, the Hermes form every profile but markdown writes: `<tool_call>{"name": ..., "arguments":
+Tool calls (client tools, the Hermes form every format but markdown writes: `<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>`): a call is decided at its head. When the block opens `{"name": "<one of the tools>",
 "arguments": {`, the call is announced (index, id, name) and its arguments object streams as written, fragment by
 fragment, to its closing brace. Any other block (other key order, arguments as a string, an unknown name, broken JSON)
@@ -34,7 +34,7 @@ from .chat_format import FIXED_TEMPLATE
 from .tool_calls import new_call_id
 
 OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
-RSTAR2_PROFILES = FIXED_TEMPLATE  # the rStar2 profiles: the answer block is the content
+RSTAR2_PROFILES = FIXED_TEMPLATE  # the rStar2 formats: the answer block is the content
 _WS = " \t\r\n"
 
 

@@ -142,7 +142,7 @@ def conversation(p: SynthProblem, r: random.Random) -> dict[str, Any]:
     args, call_id = {"code": p.code}, f"call_{p.id}"
     openai_call = {"id": call_id, "type": "function",
                    "function": {"name": STATELESS_TOOL, "arguments": json.dumps(args)}}
-    return {  # no system turn: each format profile gives its own (hermes: SYSTEM_PROMPT with the tools)
+    return {  # no system turn: each format gives its own (hermes: SYSTEM_PROMPT with the tools)
         "messages": [
             problem_message(p.question),
             {"role": "assistant", "content": r.choice(OPENERS), "tool_calls": [openai_call]},

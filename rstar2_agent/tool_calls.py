@@ -1,6 +1,6 @@
 """A parsed tool call, the check of its arguments against the tools' JSON schemas, and the per-turn cap.
 
-Every format profile's parser (chat_format.py, release_format.py) produces these."""
+Every format's parser (chat_format.py, release_format.py) produces these."""
 
 from __future__ import annotations
 

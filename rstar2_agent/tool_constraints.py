@@ -6,8 +6,8 @@
 (vllm/sampling_params.py), which compiles it with xgrammar's `GrammarCompiler.compile_structural_tag`
 (vllm/v1/structured_output/backend_xgrammar.py) and masks each step's logits to what it still allows.
 
-The calls are Hermes calls, as every format profile writes them (chat_format.HermesProtocol.render_call; the rStar2
-profiles use the same syntax): `<tool_call>\\n{"name": "<name>", "arguments": {...}}\\n</tool_call>`. The tag is
+The calls are Hermes calls, as every format writes them (chat_format.HermesFormat.render_call; the rStar2
+formats use the same syntax): `<tool_call>\\n{"name": "<name>", "arguments": {...}}\\n</tool_call>`. The tag is
 
     sequence[
       tag(begin="", content=any_text(max_tokens=text_tokens), end="<tool_call>"),  # free text, then a call opens
@@ -17,7 +17,7 @@ profiles use the same syntax): `<tool_call>\\n{"name": "<name>", "arguments": {.
     ]
 
 - The model may write up to `text_tokens` tokens of free text before the first call (its reasoning: an rStar2
-  profile's response opens inside `<reason>`, a template model may write `<think>`); then `<tool_call>` is the only
+  format's response opens inside `<reason>`, a template model may write `<think>`); then `<tool_call>` is the only
   thing left to write (xgrammar enforces an any_text's `max_tokens` in the token mask that vLLM applies).
   `text_tokens=0`: the call comes first, as vLLM's own tool_choice "required" does; None: no bound, and then the
   call is not forced within the response budget (the model cannot end its turn without one, but it can write text
@@ -30,7 +30,7 @@ profiles use the same syntax): `<tool_call>\\n{"name": "<name>", "arguments": {.
   EOS and stop_token_ids override the matcher's stop tokens): no text after the calls, and none between them.
 - "required" with `parallel` false and a named function (whatever `parallel` says, as vLLM and xgrammar's own tool
   tags do): exactly one call; "required" with `parallel`: one to `max_calls` calls (None: no bound), separated by a
-  newline. Pass the calls a turn may run (HermesProtocol.max_calls_per_turn, 8): a small model, once calling, tends
+  newline. Pass the calls a turn may run (HermesFormat.max_calls_per_turn, 8): a small model, once calling, tends
   to call again and again until its budget ends (measured on SmolLM2-135M), and calls past the cap are not run.
 
 Named limitation (measured on xgrammar 0.2.8, tests/test_tool_constraints.py): xgrammar's own form for a required
@@ -140,7 +140,7 @@ def _text(text_tokens: int | None) -> dict[str, Any]:
 
 
 def _call(name: str, parameters: dict[str, Any], begin: str) -> dict[str, Any]:
-    """One Hermes call of `name` after `begin`, as HermesProtocol.render_call writes it (the name JSON-escaped), its
+    """One Hermes call of `name` after `begin`, as HermesFormat.render_call writes it (the name JSON-escaped), its
     arguments fitting `parameters`."""
     opening = f'{begin}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
     return {"type": "tag", "begin": opening,

@@ -202,7 +202,7 @@ def _reply(call_id: str, result: ExecResult) -> dict[str, Any]:
 
 def conversation(p: ToolProblem, opener: str, bug: Bug | None, results: list[ExecResult]) -> dict[str, Any]:
     """One chat record; `results` are the sandbox's results of the calls it makes (the bug's first, if any)."""
-    messages: list[dict[str, Any]] = [problem_message(p.question)]  # each profile gives its own system turn
+    messages: list[dict[str, Any]] = [problem_message(p.question)]  # each format gives its own system turn
     codes = [bug.code, p.code] if bug else [p.code]
     texts = [opener, bug.diagnosis] if bug else [opener]
     for k, (code, text, result) in enumerate(zip(codes, texts, results, strict=True)):

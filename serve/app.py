@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
-from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesProtocol
+from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
 from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
 from rstar2_agent.reply_stream import (
@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServeConfig:
     model_name: str
-    format: str = "hermes"  # the format profile; requests with client `tools` use hermes unless it is rstar2-release
+    format: str = "hermes"  # the format; requests with client `tools` use hermes unless it is rstar2-release
     chat_template: str | None = None
     max_turns: int = 30  # the default and the most a request may ask for
     max_tokens: int = 8192  # default response budget when a request sets none
@@ -188,13 +188,13 @@ class Server:
         try:
             return tool_call_constraint(req.tools, req.tool_choice, req.parallel_tool_calls,
                                         text_tokens=self.cfg.forced_call_text_tokens,
-                                        max_calls=HermesProtocol.max_calls_per_turn)
+                                        max_calls=HermesFormat.max_calls_per_turn)
         except ValueError as e:
             raise OpenAIError(400, str(e), "tool_choice") from e
 
     def format_for(self, req: ChatRequest) -> ChatFormat:
-        """The request's format profile, else the server's; client tools are rendered and parsed as Hermes calls
-        (the markdown profile has no way to declare them; the release's profile is Hermes-shaped already)."""
+        """The request's format, else the server's; client tools are rendered and parsed as Hermes calls
+        (the markdown format has no way to declare them; the release's format is Hermes-shaped already)."""
         name = req.format or self.cfg.format
         return self.formats["hermes" if req.tools and name == "markdown" else name]
 
@@ -225,10 +225,10 @@ class Server:
 
     def reply_parser(self, req: ChatRequest, prompt: list[int], tools: list[dict[str, Any]] | None = None,
                      loop: bool = False) -> ReplyParser:
-        """The parser of this request's reply: the profile's split (unless raw text is asked for), the client's
+        """The parser of this request's reply: the format's split (unless raw text is asked for), the client's
         tools (none with tool_choice "none"), and in the server's own loop its calls as part of the reasoning."""
         fmt = self.format_for(req)
-        return ReplyParser(fmt.protocol.name, starts_in_reasoning(fmt.decode(prompt[-16:])),
+        return ReplyParser(fmt.rules.name, starts_in_reasoning(fmt.decode(prompt[-16:])),
                            tools=None if req.tool_choice == "none" else tools, parallel=req.parallel_tool_calls,
                            calls_as_reasoning=loop, split=self.splits(req))
 

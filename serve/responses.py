@@ -2,8 +2,8 @@
 
 - With the `code_interpreter` tool (and no client functions) the server runs the agent loop, as chat completions
   without tools does, and returns its turns as output items: `reasoning`, `code_interpreter_call` (the code, the
-  container, the program's logs) and `message`. In the rStar2 profiles each call is the stateless Python tool the
-  model was trained with, whatever `container` says; in the other profiles the calls of one container share a
+  container, the program's logs) and `message`. In the rStar2 formats each call is the stateless Python tool the
+  model was trained with, whatever `container` says; in the other formats the calls of one container share a
   sandbox session (docs/serve.md says how containers are named, reused and closed).
 - With client `function` tools, or no tools: one generation; the calls it writes are `function_call` items for the
   client to run, answered by `function_call_output` items in the next request.
@@ -43,7 +43,7 @@ from .responses_protocol import Output, ResponsesRequest, chat_call, input_messa
 from .responses_state import Container, Containers, ContainerSandbox, ResponseStore, Stored
 
 log = logging.getLogger(__name__)
-# The Python tool's names (the paper's and the release's; each profile answers both): the loop's reply parser takes
+# The Python tool's names (the paper's and the release's; each format answers both): the loop's reply parser takes
 # their call blocks out of the text, which the code_interpreter_call items show instead. A block that is not a well
 # formed call stays in the text, as the model wrote it, beside the failed call's item.
 PYTHON_TOOLS = [{"name": STATELESS_TOOL}, {"name": RELEASE_TOOL}]
@@ -104,14 +104,14 @@ class Responses:
         conversation = (prev.messages if prev else []) + input_messages(req.input, python_tool)
         chat.messages = with_instructions(req.instructions, conversation)
         loop = code is not None and req.tool_choice != "none"
-        stateful = loop and fmt.protocol.name not in FIXED_TEMPLATE
+        stateful = loop and fmt.rules.name not in FIXED_TEMPLATE
         tools = ([stateful_schema(fmt.tools[0])] if stateful else None) if loop else functions
         prompt = await server.render(fmt, chat.messages, tools)
         server.check_fits(prompt, req.max_output_tokens, "input", "max_output_tokens")
         plan = Plan(req, chat, fmt, prompt, conversation, loop, stateful)
         if loop:
             spec, param = code["container"], f"tools[{req.tools.index(code)}].container"
-            if not stateful:  # the rStar2 profiles: the id is only reported
+            if not stateful:  # the rStar2 formats: the id is only reported
                 plan.container_id = spec if isinstance(spec, str) else new_id("cntr")
             elif isinstance(spec, str):
                 plan.container = self.containers.find(spec, param)
@@ -169,7 +169,7 @@ class Responses:
         text = plan.fmt.decode(gen.token_ids).replace(plan.fmt.eos_text, "")
         calls = [chat_call(i["call_id"], i["name"], i["arguments"]) for i in out.items if i["type"] == "function_call"]
         said = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.DOTALL).strip() if calls else text
-        extension = {"answer": extract_answer(text, default_extraction(plan.fmt.protocol.name)), "stop_reason": finish,
+        extension = {"answer": extract_answer(text, default_extraction(plan.fmt.rules.name)), "stop_reason": finish,
                      "turns": [{"text": text, "finish_reason": gen.finish_reason, "tool_calls": []}],
                      "num_tool_calls": 0}
         return Result([{"role": "assistant", "content": said, "tool_calls": calls}], n_prompt, n_out,
@@ -272,7 +272,7 @@ def chat_request(req: ResponsesRequest, functions: list[dict[str, Any]]) -> Chat
 
 
 def stateful_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The profile's Python tool, described as what a stateful container is (same name and arguments)."""
+    """The format's Python tool, described as what a stateful container is (same name and arguments)."""
     fn = schema.get("function", schema)
     return {"type": "function", "function": {**fn, "description": STATEFUL_NOTE}}
 

@@ -1,5 +1,5 @@
 """The shapes of POST /v1/responses (OpenAI's Responses API): the request and its checks, the input items as the
-chat messages the format profiles render, and the output items with the stream events that build them.
+chat messages the formats render, and the output items with the stream events that build them.
 
 What the server cannot do is refused by name (400, `param` naming the field, as chat completions does); fields
 that change nothing here are accepted, or ignored with a log line when they ask for something that is only a hint
@@ -166,7 +166,7 @@ class ResponsesRequest(BaseModel):
         return include
 
     def function_tools(self) -> list[dict[str, Any]]:
-        """The client's functions in the chat shape the format profiles render."""
+        """The client's functions in the chat shape the formats render."""
         return [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
                 for t in self.tools or [] if t["type"] == "function"]
 
@@ -265,9 +265,9 @@ def check_container(container: Any, at: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- input -> messages
 def input_messages(items: str | list[dict[str, Any]], python_tool: str) -> list[dict[str, Any]]:
-    """Input items as the chat messages the format profiles render: output items of an earlier response (reasoning,
+    """Input items as the chat messages the formats render: output items of an earlier response (reasoning,
     message, function_call, code_interpreter_call) join one assistant message until a tool result or a user turn;
-    a code_interpreter_call becomes a call of the profile's Python tool (`python_tool`) answered by its logs."""
+    a code_interpreter_call becomes a call of the format's Python tool (`python_tool`) answered by its logs."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
@@ -300,7 +300,7 @@ def input_messages(items: str | list[dict[str, Any]], python_tool: str) -> list[
 
 def with_instructions(instructions: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The instructions as the system message, joined with the system messages that open the conversation (one
-    system turn: the profiles write the tools block into each)."""
+    system turn: the formats write the tools block into each)."""
     head = [instructions] if instructions else []
     k = 0
     while k < len(messages) and messages[k]["role"] == "system":

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from rstar2_agent.chat_format import (
     ChatFormat,
-    HermesProtocol,
-    MarkdownProtocol,
+    HermesFormat,
+    MarkdownFormat,
     ToolCall,
     extract_answer,
     last_boxed,
@@ -32,7 +32,7 @@ def fmt(smol_tokenizer):
                                                           "```output", '"name"', '"arguments"', STATELESS_TOOL]),
                 max_size=60).map("".join))
 def test_parsers_never_raise_and_flag_every_bad_call(text):
-    for proto in (HermesProtocol(), MarkdownProtocol()):
+    for proto in (HermesFormat(), MarkdownFormat()):
         calls = proto.parse(text, TOOLS, max_calls=2)
         assert all(isinstance(c, ToolCall) for c in calls)
         for c in calls:
@@ -42,7 +42,7 @@ def test_parsers_never_raise_and_flag_every_bad_call(text):
 @settings(max_examples=100, deadline=None)
 @given(code=st.text(max_size=200), stdin=st.text(max_size=20))
 def test_hermes_round_trip(code, stdin):
-    proto = HermesProtocol()
+    proto = HermesFormat()
     text = "Let me compute.\n" + proto.render_call(STATELESS_TOOL, {"code": code, "input": stdin})
     calls = proto.parse(text, TOOLS, max_calls=4)
     if "</tool_call>" in code or "</tool_call>" in stdin:
@@ -55,7 +55,7 @@ def test_hermes_round_trip(code, stdin):
 
 
 def test_a_hermes_call_ends_at_its_first_closing_tag_as_the_releases_does():
-    proto = HermesProtocol()
+    proto = HermesFormat()
     [call] = proto.parse(proto.render_call(STATELESS_TOOL, {"code": "", "input": "</tool_call>"}), TOOLS, max_calls=4)
     assert call.error.startswith("the tool call is not valid JSON")
 
@@ -63,7 +63,7 @@ def test_a_hermes_call_ends_at_its_first_closing_tag_as_the_releases_does():
 @settings(max_examples=100, deadline=None)
 @given(code=st.text(alphabet=st.characters(blacklist_characters="`"), max_size=200))
 def test_markdown_round_trip(code):
-    proto = MarkdownProtocol()
+    proto = MarkdownFormat()
     [call] = proto.parse("I will run it.\n" + proto.render_call(STATELESS_TOOL, {"code": code}), TOOLS, 4)
     assert call.error is None and call.arguments["code"].rstrip("\n") == code.rstrip("\n")
 
@@ -79,25 +79,25 @@ def test_markdown_round_trip(code):
     ('{"name": "execute_python_code_with_standard_io", "arguments": {"code": "1"}, "id": 3}', "unexpected field"),
 ])
 def test_hermes_malformed_calls_become_errors(body, fragment):
-    [call] = HermesProtocol().parse(f"<tool_call>\n{body}\n</tool_call>", TOOLS, 4)
+    [call] = HermesFormat().parse(f"<tool_call>\n{body}\n</tool_call>", TOOLS, 4)
     assert call.error is not None and fragment in call.error
 
 
 def test_hermes_arguments_as_a_json_string_are_accepted():
     body = json.dumps({"name": STATELESS_TOOL, "arguments": json.dumps({"code": "print(1)"})})
-    [call] = HermesProtocol().parse(f"<tool_call>{body}</tool_call>", TOOLS, 4)
+    [call] = HermesFormat().parse(f"<tool_call>{body}</tool_call>", TOOLS, 4)
     assert call.error is None and call.arguments == {"code": "print(1)"}
 
 
 def test_unclosed_call_and_the_per_turn_cap():
-    ok = HermesProtocol().render_call(STATELESS_TOOL, {"code": "1"})
-    calls = HermesProtocol().parse(ok * 3 + "<tool_call>\n{", TOOLS, max_calls=2)
+    ok = HermesFormat().render_call(STATELESS_TOOL, {"code": "1"})
+    calls = HermesFormat().parse(ok * 3 + "<tool_call>\n{", TOOLS, max_calls=2)
     assert [c.error is None for c in calls] == [True, True, False, False]
     assert "too many tool calls" in calls[2].error and "not closed" in calls[3].error
 
 
 def test_markdown_runs_only_a_closed_python_block_at_the_end():
-    proto = MarkdownProtocol()
+    proto = MarkdownFormat()
     assert proto.parse("```text\nhello\n```\n", TOOLS, 4) == []
     assert proto.parse("```python\nprint(1)\n```\nand then", TOOLS, 4) == []
     [c] = proto.parse("Try:\n```python\nx = 2\nprint(x)\n```\n", TOOLS, 4)
@@ -128,7 +128,7 @@ def test_inserted_tool_response_equals_what_the_template_renders(fmt):
     inserted = fmt.tool_response_ids(results, turn_ended_with_eos=True)
     got = fmt.decode(fmt.render_prompt("q") + turn_ids + inserted)
     messages = fmt.messages_for("q") + [{"role": "assistant", "content": turn},
-                                        {"role": "user", "content": fmt.protocol.results_text(results)}]
+                                        {"role": "user", "content": fmt.rules.results_text(results)}]
     expected = fmt.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                  chat_template=fmt.template)
     assert got == expected
@@ -165,7 +165,7 @@ def test_extract_answer_as_the_paper_and_as_the_release(text, block, release):
     assert extract_answer(text, "answer_block") == block
 
 
-def test_each_profile_s_default_extraction_and_a_bad_mode():
+def test_each_format_s_default_extraction_and_a_bad_mode():
     from rstar2_agent.chat_format import default_extraction
 
     assert [default_extraction(f) for f in ("rstar2-paper", "rstar2-release", "hermes", "template")] == [

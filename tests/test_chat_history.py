@@ -34,7 +34,7 @@ def contains(ids: list[int], part: list[int]) -> bool:
     return any(ids[i:i + len(part)] == part for i in range(len(ids) - len(part) + 1))
 
 
-# The user turn after an answer that ended with the end-of-turn token, as each profile's template renders it.
+# The user turn after an answer that ended with the end-of-turn token, as each format's template renders it.
 USER_TURN = {
     "hermes": lambda fmt, q: f"\n<|im_start|>user\n{fmt.user_content(q)}<|im_end|>\n<|im_start|>assistant\n",
     "rstar2-paper": lambda fmt, q: f"\n<|im_start|>user\n{PROBLEM_PREFIX}{q}<|im_end|>\n"
@@ -70,7 +70,7 @@ async def test_the_second_prompt_continues_the_first_answer_calls_and_results_in
 @pytest.mark.parametrize("ended_with_eos", [True, False])
 def test_the_user_turn_is_what_the_profile_s_template_renders_after_an_assistant_turn(smol_tokenizer, profile,
                                                                                       ended_with_eos):
-    """The oracle: the format's own rendering of the whole conversation (the rStar2 profiles' assistant turn opens
+    """The oracle: the format's own rendering of the whole conversation (the rStar2 formats' assistant turn opens
     with the generation prompt's <reason>; the release's template prefixes plain assistant turns with the problem
     instruction, a quirk the paper's profile leaves out, so its user turn is checked against its template alone)."""
     fmt = ChatFormat(smol_tokenizer, profile)

@@ -213,7 +213,7 @@ def test_paper_command_prints_the_table(tmp_path):
         reason = next(ln for ln in lines if ln.startswith(f"{bench} skipped: no data for {bench}"))
         assert "--data-dir" in reason
     assert "aime24 (run smollm2-135m-t0.6-tokens16-turns1): n 1" in p.stderr
-    assert "format markdown: the registry's profile for smollm2-135m (a 135M model never learned Hermes" in p.stdout
+    assert "format markdown: the registry's format for smollm2-135m (a 135M model never learned Hermes" in p.stdout
 
 
 @pytest.mark.parametrize("judge,comparable", [("self", False), ("gpt-4-1106-preview", True)])

@@ -1,4 +1,4 @@
-"""What the model sees per benchmark under the rStar2 profiles: math in the paper's prompt (Figure 3's system prompt,
+"""What the model sees per benchmark under the rStar2 formats: math in the paper's prompt (Figure 3's system prompt,
 the math-problem instruction before the question), IFEval, Arena-Hard and BFCL v3 in their own prompts (the paper:
 "each benchmark's default prompt template"), so without that instruction. The real eval agent loop, the real
 format and SmolLM2's tokenizer; the engine is scripted and records the ids it is given."""

@@ -55,7 +55,7 @@ def test_format_reason_says_where_each_model_s_format_comes_from(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     assert format_reason("rstar2-agent-14b", None, "rstar2-paper").startswith(
-        "rstar2-paper: the registry's profile for rstar2-agent-14b (the public checkpoint was trained in the paper's")
+        "rstar2-paper: the registry's format for rstar2-agent-14b (the public checkpoint was trained in the paper's")
     given = format_reason("rstar2-agent-14b", "rstar2-release", "rstar2-release")
     assert given == "rstar2-release: given with --format"
     (tmp_path / "runs" / "mine" / "last").mkdir(parents=True)

@@ -13,8 +13,8 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.models import REGISTRY
-from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_SYSTEM, PAPER_TOOL, PaperProtocol
-from rstar2_agent.release_format import PROBLEM_PREFIX, ReleaseProtocol
+from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_SYSTEM, PAPER_TOOL, PaperFormat
+from rstar2_agent.release_format import PROBLEM_PREFIX, ReleaseFormat
 from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_SCHEMA
 
@@ -118,20 +118,20 @@ async def test_at_the_turn_cap_the_last_turns_calls_are_recorded_not_run(smol_to
 
 
 def test_a_call_that_does_not_decode_is_answered_with_its_error_message():
-    (bad,) = PaperProtocol().parse('<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": }'
+    (bad,) = PaperFormat().parse('<tool_call>{"name": "execute_python_code_with_standard_io", "arguments": }'
                                    "</tool_call>", [PAPER_SCHEMA], 1)
     assert bad.error.startswith("tool call failed\nreason: error message: Failed to decode tool call: ")
-    assert PaperProtocol.result_text(bad, None, 2048) == bad.error
+    assert PaperFormat.result_text(bad, None, 2048) == bad.error
 
 
 def test_each_profile_answers_the_other_s_name_for_the_python_tool():
     """The public checkpoint learned the paper's name; served in the release's profile its calls still run (and a
     release-trained model's calls run in the paper's profile)."""
-    (c,) = ReleaseProtocol().parse(call(PAPER_TOOL, "print(1)"), [RELEASE_SCHEMA], 1)
+    (c,) = ReleaseFormat().parse(call(PAPER_TOOL, "print(1)"), [RELEASE_SCHEMA], 1)
     assert (c.name, c.error, c.arguments) == (RELEASE_TOOL, None, {"code": "print(1)", "input": ""})
-    (c,) = PaperProtocol().parse(call(RELEASE_TOOL, "print(1)"), [PAPER_SCHEMA], 1)
+    (c,) = PaperFormat().parse(call(RELEASE_TOOL, "print(1)"), [PAPER_SCHEMA], 1)
     assert (c.name, c.error) == (PAPER_TOOL, None)
-    (c,) = PaperProtocol().parse(call("search", "x"), [PAPER_SCHEMA], 1)
+    (c,) = PaperFormat().parse(call("search", "x"), [PAPER_SCHEMA], 1)
     assert c.error.startswith("tool call failed\nreason: error message: Error when executing tool: ")
 
 

@@ -46,7 +46,7 @@ def test_the_overlay_changes_only_scale_and_the_recipes_chain(tmp_path):
     check_chain(sft, rl)
     with pytest.raises(HandOffError, match="out/last"):
         check_chain(sft_plain, dataclasses.replace(rl_plain, model="qwen3-14b-base"))
-    with pytest.raises(HandOffError, match="same profile"):
+    with pytest.raises(HandOffError, match="same format"):
         check_chain(sft_plain, dataclasses.replace(rl_plain, format="hermes"))
 
 

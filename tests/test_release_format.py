@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat, format_result
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.release_format import ReleaseProtocol, render, truncate
+from rstar2_agent.release_format import ReleaseFormat, render, truncate
 from rstar2_agent.sandbox.release_tool import RELEASE_SCHEMA, RELEASE_TOOL, program, response
 from rstar2_agent.sandbox.types import ExecResult, Status
 from rstar2_agent.tool_calls import ToolCall
@@ -132,7 +132,7 @@ def test_inserted_tool_responses_are_the_release_loop_s_ids(smol_tokenizer, tool
 
 # ------------------------------------------------------------------ the release's parser and tool
 def parse(text: str) -> list[ToolCall]:
-    return ReleaseProtocol().parse(text, [RELEASE_SCHEMA], ReleaseProtocol.max_calls_per_turn)
+    return ReleaseFormat().parse(text, [RELEASE_SCHEMA], ReleaseFormat.max_calls_per_turn)
 
 
 def test_a_call_whose_json_does_not_parse_is_answered_as_the_release_answers_it():
@@ -159,10 +159,10 @@ def test_other_tools_keep_their_arguments_and_every_call_a_caller_asks_for():
         "type": "object", "properties": {"base": {"type": "integer"}}}}}
     text = "".join(f'<tool_call>\n{{"name": "calc_area", "arguments": {{"base": {b}}}}}\n</tool_call>'
                    for b in (10, 20))
-    calls = ReleaseProtocol().parse(text, [area, RELEASE_SCHEMA], 64)
+    calls = ReleaseFormat().parse(text, [area, RELEASE_SCHEMA], 64)
     assert [(c.name, c.arguments, c.error) for c in calls] == [("calc_area", {"base": 10}, None),
                                                                 ("calc_area", {"base": 20}, None)]
-    bad = ReleaseProtocol().parse('<tool_call>{"name": "calc_area", "arguments": [10]}</tool_call>', [area], 1)
+    bad = ReleaseFormat().parse('<tool_call>{"name": "calc_area", "arguments": [10]}</tool_call>', [area], 1)
     assert bad[0].error == "Error when executing tool: the arguments of calc_area must be a JSON object, not list"
 
 

@@ -1,6 +1,6 @@
 """The reply parser that both forms of a chat response use (rstar2_agent/reply_stream.py): recorded replies of every
 profile, cut at every boundary and at seeded random ones, reassemble to the whole reply; and the whole reply is the
-split each profile asks for."""
+split each format asks for."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class Script(ScriptedEngine):
 
 @contextlib.asynccontextmanager
 async def serving(engine, sandbox, fmt: str, **cfg):
-    """An `rstar2 serve` app in format profile `fmt` on loopback, and an openai client for it."""
+    """An `rstar2 serve` app in format `fmt` on loopback, and an openai client for it."""
     server = Server(engine, sandbox, ServeConfig(model_name=MODEL, format=fmt, **cfg))
     async with uvicorn_app(create_app(server, manage=False)) as url:
         yield openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0), url

@@ -1,5 +1,5 @@
 """Streamed chat completions with client tools, through the real server and the official `openai` client: the
-chunks reassemble to the non-streamed response for every profile, token by token as a model writes them, and a
+chunks reassemble to the non-streamed response for every format, token by token as a model writes them, and a
 call's first argument fragment reaches the client while the model is still writing it. The engine is scripted
 (real SmolLM2 tokenizer ids, streamed one token at a time): SmolLM2 does not write these calls itself."""
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from rstar2_agent.chat_format import ChatFormat, HermesProtocol
+from rstar2_agent.chat_format import ChatFormat, HermesFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 from rstar2_agent.tool_calls import validate_arguments
 from rstar2_agent.tool_constraints import tool_call_constraint
@@ -28,7 +28,7 @@ NAMED = {"type": "function", "function": {"name": "add"}}
 QUESTION = "Hi! How are you today? Tell me about your favourite book."  # asks for no tool: the model writes prose
 SEEDS = (0, 1, 2)
 TEXT_TOKENS = 12  # free text allowed before the first call in (a)
-CALL = HermesProtocol().render_call
+CALL = HermesFormat().render_call
 
 
 # ------------------------------------------------------------------ the structural tag, checked with xgrammar
@@ -131,7 +131,7 @@ async def _generate(engine, constraint: dict | None, max_tokens: int = 96) -> li
 
 def _calls(text: str) -> list:
     """The Hermes calls in `text`, as the server's parser reads them (errors set on the malformed)."""
-    return HermesProtocol().parse(text, TOOLS, max_calls=8)
+    return HermesFormat().parse(text, TOOLS, max_calls=8)
 
 
 @pytest.mark.slow

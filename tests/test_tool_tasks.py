@@ -69,7 +69,7 @@ async def test_error_then_fix_records_fail_first_and_succeed_second(sandbox):
     records = await conversations_async(14, 16, error_share=1.0, sandbox=sandbox)
     for p, record in zip(sample, records, strict=True):
         roles = [m["role"] for m in record["messages"]]
-        assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]  # each profile adds its system
+        assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]  # each format adds its system
         first, second = _calls(record)
         assert first["input"] == second["input"] == p.stdin and second["code"] == p.code
         bad, good = await sandbox.run(first["code"], first["input"]), await sandbox.run(second["code"], second["input"])

@@ -260,7 +260,7 @@ def test_the_plan_command_renders_both_colocated_phases_in_text_and_json():
 
 @pytest.mark.parametrize(("rl", "sft"), [(RL_1GPU, SFT_1GPU), (RL_8GPU, SFT_8GPU)])
 def test_the_one_node_recipes_chain_from_their_sft_and_keep_the_papers_algorithm(rl, sft):
-    """RL starts from its SFT's checkpoint in the same format profile (the rehearsal's hand-off check), sized through
+    """RL starts from its SFT's checkpoint in the same format (the rehearsal's hand-off check), sized through
     the SFT recipe before it exists; against the paper's 14B recipes only the model, the scale and the placement
     differ (stages: their response budgets, and their data: the named alternative without the verifier, since the
     42K's AoPS half needs a Qwen3-32B server to build)."""

@@ -6,13 +6,13 @@ The overlay (`cpu_overlay`) changes only what a CPU cannot hold: the model (the 
 random variant where learning does not matter), counts and budgets (steps, prompts, tokens, ranks and actors),
 the hub sources (read from fixtures in each source's own schema), bf16 (fp32 on CPU), where things are written,
 and the start check's threshold (a random or barely trained model writes no answer: its figures are still
-computed and reported). Everything else is the recipes' own: the format profile, the SFT mix and its target
+computed and reported). Everything else is the recipes' own: the format, the SFT mix and its target
 shape, the batch in examples, RoC, the loss, the stages with their filter and optimizer reset, the staleness,
 `distributed: ray` (a local cluster of CPU actors), the answer extraction. `diff` prints it against the recipes.
 
 The hand-offs, each raising `HandOffError` with what to fix:
-- the recipes chain: RL's `model` is SFT's `out`/last, and both train in the same format profile;
-- SFT's data: every source's targets in the profile's full shape (each call after a closed `</reason>`, each
+- the recipes chain: RL's `model` is SFT's `out`/last, and both train in the same format;
+- SFT's data: every source's targets in the format's full shape (each call after a closed `</reason>`, each
   final turn in an answer block: what the RL reward reads), as the SFT run recorded it;
 - RL's start: the preflight's answer and signal shares on the first step's rollouts, recorded;
 - eval: `rstar2 eval paper` reads the format and the answer extraction RL rewarded from the checkpoint.
@@ -203,11 +203,11 @@ def check_chain(sft: SFTConfig, rl: RLConfig) -> None:
                            "model to the SFT recipe's out/last")
     if rl.format != sft.format:
         raise HandOffError(f"SFT trains format {sft.format!r} and RL prompts in {rl.format!r}: give both the same "
-                           "profile")
+                           "format")
 
 
 def check_sft_shapes(store: Store, name: str) -> list[dict[str, Any]]:
-    """Every source's share of targets in the profile's full shape, as the SFT run recorded it: all of them."""
+    """Every source's share of targets in the format's full shape, as the SFT run recorded it: all of them."""
     (run,) = store.runs(name)
     sources = [{"source": s["source"], "examples": s["examples"], "in_shape_as_written": s["in_shape_as_written"],
                 "in_shape": s["in_shape"]} for s in run.info["sources"]]

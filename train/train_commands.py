@@ -303,7 +303,7 @@ def report_cmd(run_name, db, png, as_json, every) -> None:
               help="Read hub:ORG/NAME from DIR/ORG/NAME, a local copy of the hub repository [env RSTAR2_HUB_DIR].")
 @click.option("--model", default="smollm2-135m", show_default=True, help="Count tokens with this model's tokenizer.")
 @click.option("--format", "format_", default="hermes", show_default=True,
-              help="The format profile the tokens are counted in, as SFT renders them.")
+              help="The format the tokens are counted in, as SFT renders them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows and tokens of each source as JSON.")
 @click.option("--rewrite-url", default=None,
               help="Rewrite the Tulu 3 and Llama-Nemotron rows with a model at this OpenAI-compatible URL (e.g. "

@@ -24,7 +24,7 @@ from .target_shape import check_target_shape, in_shape, to_shape
 log = logging.getLogger(__name__)
 
 # The tool name in records converted from code data (Magicoder): the Python tool of the chat format that renders
-# the record stands in for it (its name differs between format profiles), so one data file serves every format.
+# the record stands in for it (its name differs between formats), so one data file serves every format.
 PYTHON_TOOL = "$python_tool"
 
 
@@ -91,7 +91,7 @@ def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Ex
     assistant message spans from after its header to its end-of-turn token, found by rendering prefixes. Each
     prompt run and each target run is tokenized on its own, as the agent loop sees them (the prompt's ids, then what
     the model generates): a BPE merge across the boundary (`<reason>` then `</reason>` may merge `></`) would
-    otherwise train on ids the model never writes after that prompt. In the rstar2-paper profile every assistant
+    otherwise train on ids the model never writes after that prompt. In the rstar2-paper format every assistant
     turn opens with the generation prompt's `<reason>` (prompt, not target: the model is always started there),
     added where a conversation's turn lacks it, and with `shape` "format" turns without the paper's shape are
     converted to it (target_shape.py)."""

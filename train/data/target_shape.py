@@ -1,4 +1,4 @@
-"""SFT targets in the rstar2-paper profile's full shape, the shape the RL reward reads. The paper's traces (its
+"""SFT targets in the rstar2-paper format's full shape, the shape the RL reward reads. The paper's traces (its
 Figures 2, 10, 11) open every assistant turn in `<reason>` (the generation prompt writes that), close `</reason>`
 before each tool call, and end the answer in `<answer>...</answer>` (with `\\boxed{}` for a math answer); RL's reward
 is 0 without a well-formed answer block. Most SFT sources are plain chat or function-calling rows: a Tulu 3 answer is

@@ -42,7 +42,7 @@ def check_start(check: StartCheck, figures: dict[str, float], model: str, fmt: s
             f"{figures['start_answer_share']:.1%} of its {n} rollouts end with an answer the reward can read "
             f"(format {fmt!r}, answer_extraction {extraction!r}; start_check.min_answer_share is "
             f"{check.min_answer_share:g}), so nearly every reward is 0. Start from an SFT checkpoint whose targets end "
-            "in this format's answer (for the rStar2 profiles <answer>...\\boxed{}...</answer>), or set `format` and "
+            "in this format's answer (for the rStar2 formats <answer>...\\boxed{}...</answer>), or set `format` and "
             "`answer_extraction` to what SFT taught")
     if figures["start_signal_share"] < check.min_signal_share:
         problems.append(

@@ -1,7 +1,7 @@
 """IFEval: 541 prompts with 25 kinds of verifiable instructions ("answer in at most 3 sentences", "no commas", ...).
 
 As the paper ran it (section 5.1: the benchmark's own prompt, T 0): the prompt is the one user turn, no tool, one
-greedy sample. The model's format renders it as for any conversation (its system prompt; the rStar2 profiles also
+greedy sample. The model's format renders it as for any conversation (its system prompt; the rStar2 formats also
 their user prefix and `<reason>` opening, as the model's own template does), and what is checked is the text the
 model gives the user (instructions.final_text: reasoning removed, an `<answer>` block's content).
 A sample is correct when it follows every instruction strictly (prompt-level strict, the paper's number); the
