@@ -318,8 +318,9 @@ async def test_bfcl_v3_items_with_the_real_model(tmp_path):
 
 async def test_an_rl_checkpoint_is_graded_as_its_reward_read_it(tmp_path, tiny_smollm2):
     """An RL checkpoint's meta says how the reward read its answers (answer_extraction); eval, left unset, grades it
-    the same way and stores that setting. The release's extraction reads the last \\boxed{} anywhere; the paper's,
-    the rstar2-paper default, only inside the answer block, so the same text is wrong for a plain model folder."""
+    the same way and stores that setting. The release's extraction and the paper's (the rstar2-paper default) read the
+    last \\boxed{}, inside an answer block or not; a checkpoint whose reward read only the answer block
+    (answer_block) is graded so, and the same text is then wrong."""
     import shutil
 
     from transformers import AutoTokenizer
@@ -329,6 +330,7 @@ async def test_an_rl_checkpoint_is_graded_as_its_reward_read_it(tmp_path, tiny_s
     tokenizer = AutoTokenizer.from_pretrained(tiny_smollm2)
     verdicts = {}
     for name, meta in (("rl", {"format": "rstar2-paper", "answer_extraction": "release"}),
+                       ("strict", {"format": "rstar2-paper", "answer_extraction": "answer_block"}),
                        ("sft", {"format": "rstar2-paper"})):
         folder = tmp_path / name
         shutil.copytree(tiny_smollm2, folder)
@@ -339,4 +341,4 @@ async def test_an_rl_checkpoint_is_graded_as_its_reward_read_it(tmp_path, tiny_s
                                None, str(FIXTURE), engine=engine)
         (result,) = load(store, names["aime24"])
         verdicts[name] = (result.run.config["answer_extraction"], result.samples[0].correct)
-    assert verdicts == {"rl": ("release", True), "sft": ("paper", False)}
+    assert verdicts == {"rl": ("release", True), "strict": ("answer_block", False), "sft": ("paper", True)}
