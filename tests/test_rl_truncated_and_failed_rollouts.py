@@ -120,3 +120,29 @@ def test_a_rollout_that_failed_in_the_engine_is_no_negative_for_roc(smol_tokeniz
     _, roc = resample_on_correct([Group(kept, [rollout_stats(t, r, fmt) for t, r in kept])], 2, seed=0,
                                  min_positive=1, min_negative=1)
     assert (roc.positives, roc.negatives) == (2, 1)
+
+
+async def test_an_engine_failure_is_neither_unsolved_for_the_stage_filter_nor_wrong_for_the_accuracy():
+    """The stage filter drops a problem every rollout that ran solved, whatever failed in the engine beside them
+    (a problem whose rollouts all failed is kept: nothing is known of it); the accuracy is over the rollouts that ran.
+    The Rollouts' own filter and metrics; its generation substituted by fixed groups (no engine needed to filter)."""
+    from rstar2_agent.train.config import Stage
+    from rstar2_agent.train.rollout.rollouts import Batch, Rollouts
+    from rstar2_agent.trajectory import Trajectory
+
+    def traj(stop: str) -> Trajectory:
+        return Trajectory(prompt_ids=[1], stop_reason=stop)
+
+    ok, wrong, failed = (traj("answer"), 1.0), (traj("answer"), 0.0), (traj("engine_error"), 0.0)
+    fixed = {"solved": [ok, ok, failed], "mixed": [ok, wrong, failed], "unknown": [failed, failed, failed]}
+    rollouts = Rollouts.__new__(Rollouts)
+    rollouts.pool = lambda stage: {pid: (pid, "1") for pid in fixed}
+
+    async def groups(items, k, stage, step):
+        return [fixed[pid] for pid, _, _ in items]
+
+    rollouts.groups = groups
+    await rollouts.filter_solved(Stage(steps=1), 3)
+    assert rollouts.pool_ids == ["mixed", "unknown"]
+    batch = Batch(step=0, prompts=[], groups=[fixed["mixed"]], versions=[], times={"time_rollout": 1.0})
+    assert rollouts.metrics(batch, [[]], [])["accuracy"] == 0.5

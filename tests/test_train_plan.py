@@ -172,8 +172,9 @@ RL_1GPU, SFT_1GPU = "rl-qwen3-1.7b-1gpu", "sft-qwen3-1.7b-base"
 RL_8GPU, SFT_8GPU = "rl-qwen3-8b-8gpu", "sft-qwen3-8b-base"
 GPU_80GB = 74.5  # 80 x 10^9 bytes, as the recipes count an 80 GB GPU
 # what a one-node recipe may change from the paper's 14B recipe: the model, scale and placement; never the algorithm
-ONE_NODE_SCALE = {"model", "out", "prompts_per_step", "group_size", "gpu_memory_gib", "save_every", "distributed",
-                  "rollout_engine", "placement", "sleep_level", "sandbox_workers", "micro_batch", "grad_accum"}
+ONE_NODE_SCALE = {"model", "out", "prompts_per_step", "group_size", "gpu_memory_gib", "gpus", "save_every",
+                  "distributed", "rollout_engine", "placement", "sleep_level", "sandbox_workers", "micro_batch",
+                  "grad_accum"}
 
 
 def one_node(name: str, *overrides: str) -> RLConfig:

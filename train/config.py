@@ -131,6 +131,7 @@ class SFTConfig:
     dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False
     gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan/
+    gpus: int = 0  # the node the recipe is written for: torchrun's processes the plan counts (0: $WORLD_SIZE, else 1)
     memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit
     format: str = "hermes"
     # rstar2-paper targets: "format" converts assistant turns without the paper's shape (</reason> before each call,

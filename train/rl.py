@@ -2,11 +2,12 @@
 
 Each step: sample prompts, run 2G rollouts per prompt through the shared agent loop (the `hf` engine shares
 the learner's weights, so an update is live at once), reward 1/0 by the math grader (truncated rollouts get
-0), keep G per prompt with Resample-on-Correct, then one token-level PPO-clip update against the engine's
-own logprobs. Stages change the response budget, the turn cap, the data, and may filter out the problems
-the current policy already solves k of k and reset the optimizer. The rollout side is `Rollouts`
-(rollout/rollouts.py), the learner any implementation of the `Learner` protocol (placement.py picks where the two run
-from the recipe; config.py holds the recipe's types and their checks).
+0), keep G per prompt with Resample-on-Correct, then one token-level PPO-clip update whose ratio is taken
+against the learner's own recomputed logprobs (the old-logprob pass; the engine's feed the mismatch metrics and
+the rollout correction, `rollout_correction`). Stages change the response budget, the turn cap, the data, and
+may filter out the problems the current policy already solves k of k and reset the optimizer. The rollout side is
+`Rollouts` (rollout/rollouts.py), the learner any implementation of the `Learner` protocol (placement.py picks
+where the two run from the recipe; config.py holds the recipe's types and their checks).
 
 Metrics and every rollout go to the store (and to TensorBoard / Weights & Biases when asked); checkpoints resume
 exactly (the prompts of a step are a function of the seed and the step), and each step is recorded exactly once

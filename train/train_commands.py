@@ -149,7 +149,7 @@ def plan_cmd(recipe, gpus, gpu_memory_gib, prompt_tokens, logits_chunk, receive,
             plan = plan_rl(cfg, recipe=recipe, gpu_memory_gib=memory, gpus=gpus, shape=s, receive=receive,
                            prompt_tokens=prompt_tokens or PROMPT_TOKENS, logits_chunk=logits_chunk)
         else:
-            plan = plan_sft(cfg, recipe=recipe, gpu_memory_gib=memory, gpus=gpus, shape=s)
+            plan = plan_sft(cfg, recipe=recipe, gpu_memory_gib=memory, gpus=gpus or cfg.gpus or None, shape=s)
     except (PlanError, ShapeError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(to_json(plan) if as_json else render(plan))

@@ -177,11 +177,12 @@ class Rollouts:
         return float((await self.grader.grade_trajectory(traj, gold)).correct)
 
     async def filter_solved(self, stage: Stage, k: int) -> None:
-        """Keep only the problems the current policy does not solve k out of k."""
+        """Keep only the problems the current policy does not solve k out of k. A rollout that failed in the engine
+        says nothing of the policy: a problem is solved when every rollout that ran is right (and one ran)."""
         pool = self.pool(stage)
         items = [(pid, q, gold) for pid, (q, gold) in sorted(pool.items())]
-        groups = await self.groups(items, k, stage, step=-1)
-        self.pool_ids = [pid for (pid, _, _), g in zip(items, groups, strict=True) if not all(r for _, r in g)]
+        groups = without_engine_errors(await self.groups(items, k, stage, step=-1))
+        self.pool_ids = [pid for (pid, _, _), g in zip(items, groups, strict=True) if not (g and all(r for _, r in g))]
         log.info("stage filter: %d of %d problems kept (solved %d/%d dropped)", len(self.pool_ids), len(pool), k, k)
 
     # ------------------------------------------------------------------ statistics and storage
@@ -192,11 +193,12 @@ class Rollouts:
         """The batch's rollout statistics (accuracy, lengths, tools, format) over every rollout, and the tool errors
         among the positives RoC kept."""
         flat = [(t, r) for g in batch.groups for t, r in g]
+        ran = [r for t, r in flat if t.stop_reason != "engine_error"]  # an engine failure is no wrong answer
         positives = [t for t, r in flat if r > 0]
         kept_pos = [t for g in kept for t, r in g if r > 0]
         gen_tokens = sum(t.num_generated_tokens for t, _ in flat)
         return {
-            "accuracy": sum(r for _, r in flat) / len(flat),
+            "accuracy": sum(ran) / len(ran) if ran else 0.0,
             "response_tokens": gen_tokens / len(flat),
             "turns": sum(len(t.turns) for t, _ in flat) / len(flat),
             "tool_calls": sum(len(t.tool_calls) for t, _ in flat) / len(flat),
