@@ -147,7 +147,8 @@ def _golds(seed: int, data_dir: str | None) -> list[tuple[str, str]]:
         bench = get_benchmark(name)
         if any((d / bench.source.file).is_file() for d in dirs):  # only local mirrors: no hub lookups from a corpus
             out += [(p.gold, name) for p in bench.load(data_dir)]
-    from rstar2_agent import synthetic, tool_tasks
+    from rstar2_agent import synthetic
+    from rstar2_agent.train.data import tool_tasks
 
     out += [(p.answer, "synthetic") for p in synthetic.problems(seed, 200)]
     out += [(p.answer, "tool tasks") for p in tool_tasks.problems(seed, 200)]

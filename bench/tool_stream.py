@@ -2,7 +2,7 @@
 
 - Parser cost: a long reply in the rStar2 shape (reasoning, a call with many lines of code, the answer), fed token by
   token as a server streams it, through the incremental decoder alone (the baseline: what the server did for
-  streamed text before it parsed calls) and through the decoder and the reply parser (rstar2_agent/reply_stream.py),
+  streamed text before it parsed calls) and through the decoder and the reply parser (serve/reply_stream.py),
   side by side in alternating rounds; the time per token and the ratio, median over rounds.
 - First argument latency: a real engine writing a forced call (`tool_choice` naming the function, enforced by
   vLLM's structured outputs) through `rstar2 serve` over HTTP, greedy with a fixed seed, so both forms generate the
@@ -21,7 +21,7 @@ from typing import Any
 from rstar2_agent.agent import StreamDecoder
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.paper_format import PAPER_SCHEMA, PAPER_TOOL
-from rstar2_agent.reply_stream import ReplyParser
+from rstar2_agent.serve.reply_stream import ReplyParser
 
 
 def long_reply(code_lines: int = 60, reasoning_sentences: int = 60) -> str:

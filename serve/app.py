@@ -5,7 +5,7 @@
   standard server: one generation, the client's calls returned as `tool_calls` for the client to run (`tool`
   messages are accepted); `tool_choice` "required" or named is enforced by guided decoding on an engine that
   constrains (vllm). Both forms split the reasoning from the answer (`reasoning_content`) and, streamed, send
-  content, reasoning and call deltas as they are generated, through one parser (rstar2_agent/reply_stream.py).
+  content, reasoning and call deltas as they are generated, through one parser (serve/reply_stream.py).
 - POST /v1/responses (responses.py): the Responses API, `code_interpreter` run by the server's sandbox.
 - POST /v1/completions: text or token ids in, text, token ids and logprobs out (what the `openai` engine uses).
 - GET /v1/models, /health, /metrics (Prometheus).
@@ -36,19 +36,8 @@ from starlette.exceptions import HTTPException
 from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
-from rstar2_agent.engines.watchdog import EngineStalled, ProgressWatch, current_request
-from rstar2_agent.reply_stream import (
-    Delta,
-    LoopReader,
-    Reply,
-    ReplyParser,
-    parse_reply,
-    reply_of,
-    starts_in_reasoning,
-)
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.sandbox.types import ExecResult, Status
-from rstar2_agent.tool_constraints import tool_call_constraint
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
 from .guard import (
@@ -66,6 +55,17 @@ from .guard import (
 )
 from .metrics import ServeMetrics
 from .protocol import ChatRequest, CompletionRequest, OpenAIError, new_id, now, validation_error
+from .reply_stream import (
+    Delta,
+    LoopReader,
+    Reply,
+    ReplyParser,
+    parse_reply,
+    reply_of,
+    starts_in_reasoning,
+)
+from .tool_constraints import tool_call_constraint
+from .watchdog import EngineStalled, ProgressWatch, current_request
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rstar2_agent.tool_constraints import named_function
-
 from .guard import printable
+from .tool_constraints import named_function
 
 MAX_N = 16
 MAX_STOP = 4

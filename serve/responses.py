@@ -31,16 +31,16 @@ from fastapi.responses import StreamingResponse
 
 from rstar2_agent.chat_format import FIXED_TEMPLATE, ChatFormat, default_extraction, extract_answer
 from rstar2_agent.engines.base import EngineError
-from rstar2_agent.engines.watchdog import current_request
-from rstar2_agent.reply_stream import Delta, LoopReader
 from rstar2_agent.sandbox.release_tool import RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
 from .app import Server, engine_failure, sse, trajectory_extension, until_done_or_gone
 from .protocol import ChatRequest, OpenAIError, new_id, now
+from .reply_stream import Delta, LoopReader
 from .responses_protocol import Output, ResponsesRequest, chat_call, input_messages, with_instructions
 from .responses_state import Container, Containers, ContainerSandbox, ResponseStore, Stored
+from .watchdog import current_request
 
 log = logging.getLogger(__name__)
 # The Python tool's names (the paper's and the release's; each format answers both): the loop's reply parser takes

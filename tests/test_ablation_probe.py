@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_agent import tool_tasks
 from rstar2_agent.stats import paired_ratio_bootstrap
 from rstar2_agent.train.ablation.experiment import Ablation, power, probe_summary
 from rstar2_agent.train.ablation.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
 from rstar2_agent.train.config import RLConfig, Stage
+from rstar2_agent.train.data import tool_tasks
 from rstar2_agent.train.recipe import load
 
 from conftest import run_until_paused

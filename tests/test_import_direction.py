@@ -202,3 +202,42 @@ def test_the_circle_walk_finds_a_circle_behind_type_checking_and_a_lazy_import()
     edges = {f"rstar2_agent.x.{m}": {t for _, t in imports(f"rstar2_agent.x.{m}", code) if t.count(".") == 2}
              for m, code in src.items()}  # the modules each imports (the names imported from them left out)
     assert circles(edges) == [["rstar2_agent.x.a", "rstar2_agent.x.b", "rstar2_agent.x.c", "rstar2_agent.x.a"]]
+
+
+# Core modules that one face imports today, and why they stay in the core.
+ONE_FACE_EXCEPTIONS: dict[str, str] = {}
+
+
+def test_no_core_module_serves_one_face_only():
+    """The core holds what two faces share: a core module that exactly one face imports (directly, or through core
+    modules only that face reaches) belongs in that face's wing. The entry point and the bench do not count as faces
+    here (the bench measures every face)."""
+    known = modules()
+    core = {n for n in known if face_of(n) is None and not in_bench(n) and n != ENTRY and n != "rstar2_agent"}
+    users: dict[str, set[str]] = {n: set() for n in core}
+    for name, path in known.items():
+        mine = face_of(name)
+        if mine is None:
+            continue
+        for _, target in imports(name, path.read_text(), path.name == "__init__.py"):
+            module = target if target in known else target.rsplit(".", 1)[0]
+            if module in users:
+                users[module].add(mine)
+    core_edges = {n: {t if t in known else t.rsplit(".", 1)[0] for _, t in imports(n, known[n].read_text(),
+                                                                                     known[n].name == "__init__.py")}
+                  for n in core}
+    reached = {n: set(users[n]) for n in core}  # a core module used by a core module inherits that one's faces
+    for _ in range(len(core)):
+        changed = False
+        for n in core:
+            for t in core_edges[n]:
+                if t in reached and not reached[n] <= reached[t]:
+                    reached[t] |= reached[n]
+                    changed = True
+        if not changed:
+            break
+    assert reached["rstar2_agent.grading.math"] >= {"rstar2_agent.eval", "rstar2_agent.train"}  # the walk sees uses
+    assert all(len(reached[n]) == 1 for n in ONE_FACE_EXCEPTIONS), "an exception no longer needed"
+    single = sorted(n for n in core if len(reached[n]) == 1 and n not in ONE_FACE_EXCEPTIONS)
+    assert not single, "core modules only one face uses (move them into that face):\n" + "\n".join(
+        f"{n}: {sorted(reached[n])[0]}" for n in single)

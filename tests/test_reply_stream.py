@@ -1,4 +1,4 @@
-"""The reply parser that both forms of a chat response use (rstar2_agent/reply_stream.py): recorded replies of every
+"""The reply parser that both forms of a chat response use (serve/reply_stream.py): recorded replies of every
 profile, cut at every boundary and at seeded random ones, reassemble to the whole reply; and the whole reply is the
 split each format asks for."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rstar2_agent.paper_format import PAPER_SCHEMA
-from rstar2_agent.reply_stream import Delta, ReplyParser, parse_reply, reply_of, starts_in_reasoning
+from rstar2_agent.serve.reply_stream import Delta, ReplyParser, parse_reply, reply_of, starts_in_reasoning
 
 REPLIES = json.loads((Path(__file__).parent / "data" / "replies.json").read_text())
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -82,7 +82,7 @@ async def test_client_side_tools_round_trip(client):
 
 def test_client_tools_map_parsed_calls_to_openai_tool_calls():
     """The mapping from the reply parser to `tool_calls` (SmolLM2 rarely writes Hermes calls itself)."""
-    from rstar2_agent.reply_stream import ReplyParser, parse_reply
+    from rstar2_agent.serve.reply_stream import ReplyParser, parse_reply
 
     def message(text, fmt="hermes", tools=(WEATHER,), parallel=True, split=True):
         return reply_message(parse_reply([text], ReplyParser(fmt, tools=list(tools), parallel=parallel,

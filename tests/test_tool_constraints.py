@@ -12,8 +12,8 @@ import pytest
 
 from rstar2_agent.chat_format import ChatFormat, HermesFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
+from rstar2_agent.serve.tool_constraints import tool_call_constraint
 from rstar2_agent.tool_calls import validate_arguments
-from rstar2_agent.tool_constraints import tool_call_constraint
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": {

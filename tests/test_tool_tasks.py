@@ -1,4 +1,4 @@
-"""Tool tasks (rstar2_agent/tool_tasks.py) against the real sandbox and the real math grader: seeded and distinct
+"""Tool tasks (train/data/tool_tasks.py) against the real sandbox and the real math grader: seeded and distinct
 problems, reference programs that print the answer from the question's data on stdin, bugs that really fail (in
 the user's file only), error-then-fix records whose first call fails and second succeeds, deterministic records,
 the `tooltasks:` SFT source and the RL stage's `data: tooltasks`."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from rstar2_agent import tool_tasks
 from rstar2_agent.chat_format import extract_answer
 from rstar2_agent.grading.math import grade_answer
 from rstar2_agent.sandbox import ExecRequest
 from rstar2_agent.synthetic import SynthProblem
-from rstar2_agent.tool_tasks import ToolProblem, conversations_async, problems
+from rstar2_agent.train.data import tool_tasks
+from rstar2_agent.train.data.tool_tasks import ToolProblem, conversations_async, problems
 
 
 def _family(p: ToolProblem) -> str:

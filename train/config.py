@@ -156,7 +156,7 @@ class Stage:
     steps: int
     max_response_tokens: int = 8192
     max_turns: int = 10
-    # a problem generator: synthetic (rstar2_agent/synthetic.py) or tooltasks (tool_tasks.py); or problems: a file of
+    # a problem generator: synthetic (synthetic.py) or tooltasks (data/tool_tasks.py); or problems: a file of
     # `rstar2 train problems` (problems:PATH or PATH.jsonl), or sources it curates at the stage start (hub:...,
     # dapo:PATH, ...; a list for several), cached in `out`
     data: str | list[str] = "synthetic"

@@ -25,11 +25,12 @@ from typing import Any
 
 import yaml
 
-from rstar2_agent import synthetic, tool_tasks
+from rstar2_agent import synthetic
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
 from ..config import RLConfig, Stage
+from ..data import tool_tasks
 from ..rollout.rollouts import Rollouts, rollout_stats
 from ..rollout.workers import local_engine, local_sandbox
 

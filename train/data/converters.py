@@ -8,7 +8,7 @@
 - `synthetic:N[:SEED[:FAMILIES]]`: N generated tool-use conversations (rstar2_agent/synthetic.py), from the
   problem families joined with + (default: all);
 - `tooltasks:N[:SEED[:ERROR_SHARE]]`: N conversations on tool tasks whose data the program reads from stdin
-  (rstar2_agent/tool_tasks.py), ERROR_SHARE of them (default 0.5) a buggy call, its real error, then the fix.
+  (train/data/tool_tasks.py), ERROR_SHARE of them (default 0.5) a buggy call, its real error, then the fix.
 
 Formats: `sharegpt` (from human/gpt/function_call/observation, with a `tools` JSON string: APIGen-MT,
 LLaMA-Factory's glaive_toolcall_en), `glaive_v2` (glaive-function-calling-v2's raw `system` and `chat`
@@ -296,7 +296,7 @@ def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None
         except ValueError as e:
             raise DataError(f"{source}: {e} (synthetic:N[:SEED[:FAMILIES]])") from e
     if source.startswith("tooltasks:"):
-        from rstar2_agent import tool_tasks
+        from . import tool_tasks
 
         _, n, *rest = source.split(":")
         seed = int(rest[0]) if rest else 0

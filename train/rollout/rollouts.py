@@ -89,8 +89,9 @@ class Rollouts:
     # ------------------------------------------------------------------ data
     def pool(self, stage: Stage) -> dict[str, tuple[str, str]]:
         """The stage's problems, id -> (question, gold), less those its filter dropped."""
-        from rstar2_agent import synthetic, tool_tasks
+        from rstar2_agent import synthetic
 
+        from ..data import tool_tasks
         from ..data.problems import is_problem_data, sample, stage_problems
 
         size = 512 if stage.data_size is None else stage.data_size

@@ -27,11 +27,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_format import default_tools, problem_message, tool_message
-from .sandbox import LocalSandbox, SandboxConfig, SandboxError
-from .sandbox.tools import STATELESS_TOOL
-from .sandbox.types import ExecRequest, ExecResult, Sandbox
-from .synthetic import SynthProblem
+from rstar2_agent.chat_format import default_tools, problem_message, tool_message
+from rstar2_agent.sandbox import LocalSandbox, SandboxConfig, SandboxError
+from rstar2_agent.sandbox.tools import STATELESS_TOOL
+from rstar2_agent.sandbox.types import ExecRequest, ExecResult, Sandbox
+from rstar2_agent.synthetic import SynthProblem
 
 DEFAULT_ERROR_SHARE = 0.5
 RENDERED_DURATION = 0.01  # seconds shown as the execution time of every rendered reply (real timings vary)

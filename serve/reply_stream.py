@@ -30,8 +30,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .chat_format import FIXED_TEMPLATE
-from .tool_calls import new_call_id
+from rstar2_agent.chat_format import FIXED_TEMPLATE
+from rstar2_agent.tool_calls import new_call_id
 
 OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
 RSTAR2_PROFILES = FIXED_TEMPLATE  # the rStar2 formats: the answer block is the content

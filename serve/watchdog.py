@@ -21,7 +21,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from rstar2_agent.engines.base import Engine, EngineError, Generation, OnTokens, SamplingParams
 
 log = logging.getLogger(__name__)
 
