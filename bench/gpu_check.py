@@ -432,8 +432,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sdpa-seq", help="sequence lengths of the SDPA kernel probe (8192,12288; tiny 64)")
     ap.add_argument("--fsdp-seq", type=int, help="tokens per sequence of the one-rank FSDP2 step (1024; tiny 32)")
     ap.add_argument("--ipc-total-mb", type=float, help="push probe: MB of bf16 weights pushed over CUDA IPC (1024; "
-                    "tiny 64)")
-    ap.add_argument("--ipc-buffer-mb", type=float, help="push probe: the packed buffer (128; tiny 32)")
+                    "tiny 32)")
+    ap.add_argument("--ipc-buffer-mb", type=float, help="push probe: the packed buffer (128; tiny 16)")
     ap.add_argument("--mem-shape", choices=sorted(MEMORY_SHAPES), help="memory probe's model (qwen3-14b; tiny tiny)")
     ap.add_argument("--mem-tokens", type=int, help="memory probe: tokens of the longest trajectory (8192; tiny 128)")
     ap.add_argument("--mem-rows", type=int, help="memory probe: trajectories in the micro-batch (1; tiny 2)")
@@ -448,7 +448,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
              "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
              "mem_tokens": (8192, 128), "mem_rows": (1, 2), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32),
-             "ipc_total_mb": (1024.0, 64.0), "ipc_buffer_mb": (128.0, 32.0)}
+             "ipc_total_mb": (1024.0, 32.0), "ipc_buffer_mb": (128.0, 16.0)}
     for k, (full, tiny) in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, tiny if args.tiny else full)

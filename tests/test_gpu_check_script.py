@@ -26,6 +26,11 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
     assert report["sdpa"]["64"] and report["fork"] == {"skipped": "no CUDA device"}
     fsdp = report["fsdp"]  # one gloo rank through FSDP2: the update and the full-state gather ran
     assert fsdp["backend"] == "gloo" and fsdp["gathered_tensors"] > 0 and fsdp["gathered_on"] == ["cpu"]
+    ipc = report["push_ipc"]  # CUDA IPC across two processes, by the CPU stand-in here (a GPU measures memory)
+    assert ipc["substituted"] and ipc["unpacked"]["checksums_agree"] and ipc["packed"]["checksums_agree"]
+    assert ipc["packed"]["chunks"] == 2  # 32 MB of weights through a 16 MB buffer
+    probe = report["push_probe"]  # the learner's bf16 against fp32 scores: the gap a run calibrates on
+    assert probe["tokens_64"]["max_abs_diff"] > 0 and probe["tokens_64"]["calibrated_bound"] >= 1e-3
     memory = report["memory"]  # the memory probe against the plan, at 2 and 4 layers, with and without checkpointing
     assert len(memory["runs"]) == 8 and all(r["measured_gib"] >= 0 and r["estimate_gib"] > 0 for r in memory["runs"])
     assert len(memory["slopes"]) == 4
