@@ -232,9 +232,12 @@ class PushChecker:
         size = norm([a - b for a, b in zip(now.learner, anchor.learner, strict=True)])
         if size < max(MOVE_NOISE * self.noise, MOVE_FLOOR):
             return {"push_probe_move_decided": 0.0, "push_probe_learner_move": size}
-        if len(anchor.replicas) != len(now.replicas):
-            raise PushCheckError(f"the rollout engine scored the probe on {len(now.replicas)} replicas after the "
-                                 f"push of update {step}, {len(anchor.replicas)} before")
+        if len(anchor.replicas) != len(now.replicas):  # the pool changed size: nothing to compare, a new anchor
+            log.warning("the rollout engine scored the probe on %d replicas after the push of update %d, %d before: "
+                        "the push check's move starts again from here", len(now.replicas), step,
+                        len(anchor.replicas))
+            self.anchor = now
+            return {"push_probe_move_decided": 0.0, "push_probe_learner_move": size}
         moves = [move(e, a, now.learner, anchor.learner) for e, a in zip(now.replicas, anchor.replicas, strict=True)]
         worst = max(range(len(moves)), key=lambda i: moves[i].residual)
         if moves[worst].residual > self.cfg.max_move_residual:
