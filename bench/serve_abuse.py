@@ -90,8 +90,9 @@ def serve(port: int) -> None:
 
     from rstar2_agent.models import resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
-    from rstar2_agent.serve.app import ServeConfig, Server, create_app
+    from rstar2_agent.serve.app import create_app
     from rstar2_agent.serve.guard import uvicorn_config
+    from rstar2_agent.serve.server import ServeConfig, Server
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").path)
     cfg = ServeConfig(model_name="smollm2-135m", format="hermes")

@@ -35,11 +35,11 @@ from rstar2_agent.sandbox.release_tool import RELEASE_TOOL
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
-from .app import Server, engine_failure, sse, trajectory_extension, until_done_or_gone
 from .protocol import ChatRequest, OpenAIError, new_id, now
 from .reply_stream import Delta, LoopReader
 from .responses_protocol import Output, ResponsesRequest, chat_call, input_messages, with_instructions
 from .responses_state import Container, Containers, ContainerSandbox, ResponseStore, Stored
+from .server import Server, engine_failure, sse, trajectory_extension, until_done_or_gone
 from .watchdog import current_request
 
 log = logging.getLogger(__name__)

@@ -89,8 +89,9 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     from rstar2_agent.models import ModelError, resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
-    from .app import ServeConfig, Server, create_app
+    from .app import create_app
     from .guard import uvicorn_config
+    from .server import ServeConfig, Server
 
     try:
         resolved = resolve_model(model)

@@ -394,7 +394,8 @@ async def vllm_engine(smol):
 async def serving(engine, sandbox, **cfg):
     """A `rstar2 serve` app (markdown tool protocol, serving "smollm2-135m") on loopback; `cfg`: ServeConfig
     fields to change."""
-    from rstar2_agent.serve.app import ServeConfig, Server, create_app
+    from rstar2_agent.serve.app import create_app
+    from rstar2_agent.serve.server import ServeConfig, Server
 
     server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", format="markdown", **cfg))
     async with uvicorn_app(create_app(server, manage=False)) as url:

@@ -22,7 +22,8 @@ from rstar2_agent.eval.harness import Source, evaluate
 from rstar2_agent.eval.report import load
 from rstar2_agent.eval.runner import EvalConfig, run_benchmark
 from rstar2_agent.grading.math import MathGrader
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
+from rstar2_agent.serve.app import create_app
+from rstar2_agent.serve.server import ServeConfig, Server
 from rstar2_agent.store import Store
 from rstar2_agent.trajectory import Trajectory, Turn
 

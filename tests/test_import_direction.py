@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 # Source folder of each installed package (pyproject's package-dir: the faces keep their top-level folders).
@@ -194,6 +196,19 @@ def test_the_training_wing_has_no_import_circle():
     found = circles(edges)
     assert not found, "import circles in the training wing (move what both need below them):\n" + "\n".join(
         " -> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("package", ["rstar2_agent.serve", "rstar2_agent.eval", "rstar2_agent"])
+def test_the_other_wings_and_the_core_have_no_import_circle(package):
+    """serve (its server object below the chat and Responses routes), eval, and the core (the faces' modules left
+    out: they have their own tests)."""
+    edges = graph(package)
+    if package == "rstar2_agent":
+        edges = {m: {t for t in ts if face_of(t) is None and not in_bench(t)} for m, ts in edges.items()
+                 if face_of(m) is None and not in_bench(m)}
+    assert len(edges) > 5
+    found = circles(edges)
+    assert not found, f"import circles in {package}:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_circle_walk_finds_a_circle_behind_type_checking_and_a_lazy_import():

@@ -15,7 +15,7 @@ from rstar2_agent.engines.openai import OpenAIEngine
 from rstar2_agent.sandbox import LocalSandbox, SandboxConfig
 from rstar2_agent.sandbox.remote import RemoteSandbox
 from rstar2_agent.sandbox.server import create_app as sandbox_app
-from rstar2_agent.serve.app import reply_message
+from rstar2_agent.serve.server import reply_message
 
 from conftest import metrics_once_idle, serving, uvicorn_app
 

@@ -9,7 +9,8 @@ import openai
 import pytest
 from test_serve_tool_stream import StreamingScriptedEngine
 
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
+from rstar2_agent.serve.app import create_app
+from rstar2_agent.serve.server import ServeConfig, Server
 
 from conftest import uvicorn_app
 

@@ -22,9 +22,10 @@ import pytest
 
 from rstar2_agent.engines.base import Generation
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
+from rstar2_agent.serve.app import create_app
 from rstar2_agent.serve.guard import FairGate, too_deep, uvicorn_config
 from rstar2_agent.serve.responses_state import ResponseStore, Stored
+from rstar2_agent.serve.server import ServeConfig, Server
 
 from conftest import free_port
 

@@ -17,8 +17,9 @@ import pytest
 
 from rstar2_agent.engines.base import EngineError, Generation
 from rstar2_agent.sandbox.tools import STATELESS_TOOL
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
+from rstar2_agent.serve.app import create_app
 from rstar2_agent.serve.responses_state import Containers
+from rstar2_agent.serve.server import ServeConfig, Server
 
 from conftest import ScriptedEngine, metrics_once_idle, uvicorn_app
 

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from rstar2_agent.paper_format import PAPER_SCHEMA
-from rstar2_agent.serve.app import ServeConfig, Server, create_app
+from rstar2_agent.serve.app import create_app
+from rstar2_agent.serve.server import ServeConfig, Server
 
 from conftest import StreamingScriptedEngine, uvicorn_app
 

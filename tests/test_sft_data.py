@@ -239,7 +239,8 @@ class RewritingEngine:
 
 async def test_rewrite_resumes_without_asking_twice_against_serve_with_a_scripted_engine(tmp_path, smol_tokenizer,
                                                                                           sandbox):
-    from rstar2_agent.serve.app import ServeConfig, Server, create_app
+    from rstar2_agent.serve.app import create_app
+    from rstar2_agent.serve.server import ServeConfig, Server
 
     records = hub("allenai/tulu-3-sft-personas-instruction-following")
     engine = RewritingEngine(smol_tokenizer, fail_after=4)
