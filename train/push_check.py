@@ -177,17 +177,23 @@ class PushChecker:
             abs_diffs(scores, theirs)
         return Scores(replicas, theirs)
 
+    async def look(self, engine: Engine, learner: Any) -> tuple[Scores, list[list[float]]] | None:
+        """The scores now and each replica's |engine - learner| per token; None when the check is off or the
+        engine cannot score."""
+        if not self.cfg.enabled:
+            return None
+        now = await self.scores(engine, learner)
+        return None if now is None else (now, [abs_diffs(r, now.learner) for r in now.replicas])
+
     async def calibrate(self, engine: Engine, learner: Any) -> dict[str, float]:
         """Before any update: the gap of two copies of the same weights sets the bound (unless the recipe gives
         one) and the move's noise. Raises PushCheckError when they are not the same weights (a mean gap over
         MISMATCH_MEAN: another model, tokenizer or checkpoint)."""
-        if not self.cfg.enabled:
-            return {}
         t0 = time.perf_counter()
-        now = await self.scores(engine, learner)
-        if now is None:
+        looked = await self.look(engine, learner)
+        if looked is None:
             return {}
-        diffs = [abs_diffs(r, now.learner) for r in now.replicas]
+        now, diffs = looked
         worst, mean = max(max(d) for d in diffs), max(sum(d) / len(d) for d in diffs)
         if mean > MISMATCH_MEAN:
             raise PushCheckError(
@@ -205,13 +211,11 @@ class PushChecker:
     async def check(self, engine: Engine, learner: Any, step: int) -> dict[str, float]:
         """Score the probe after the push of update `step`; the figures for the step's metrics ({} when the check
         is off or the engine cannot score). Raises PushCheckError past the bound or on a missed move."""
-        if not self.cfg.enabled:
-            return {}
         t0 = time.perf_counter()
-        now = await self.scores(engine, learner)
-        if now is None:
+        looked = await self.look(engine, learner)
+        if looked is None:
             return {}
-        diffs = [abs_diffs(r, now.learner) for r in now.replicas]
+        now, diffs = looked
         per_replica = [max(d) for d in diffs]
         engine_dtype, learner_dtype = getattr(engine, "compute_dtype", None), getattr(learner, "compute_dtype", None)
         bound = self.bound if self.bound is not None else auto_bound(engine_dtype, learner_dtype)
