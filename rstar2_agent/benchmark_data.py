@@ -14,8 +14,9 @@ from typing import Any
 DATA_ENV = "RSTAR2_DATA_DIR"
 
 
-class DataError(RuntimeError):
-    """Data that cannot be found or read; the message says where it looked and what to do."""
+class DataError(ValueError):
+    """Data that cannot be found, read or used (benchmarks, RL problems, SFT rows); the message says where it looked
+    (the file and line) and what to do."""
 
 
 def data_dirs(data_dir: str | os.PathLike | None) -> list[Path]:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.train.config import SFTConfig
 from rstar2_agent.train.data import converters
-from rstar2_agent.train.data.chat_data import PYTHON_TOOL, DataError, DataStats, load_examples, render
+from rstar2_agent.train.data.chat_data import PYTHON_TOOL, DataStats, load_examples, render
 from rstar2_agent.train.data.rewrite import RewriteConfig, RewriteError, rewrite
 from rstar2_agent.train.data.sft_mix import PAPER_MIX, expand, load_mix, split_size
 from rstar2_agent.train.recipe import load

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.synthetic import FAMILIES, parse_families, problems
 from rstar2_agent.train.config import RLConfig, SFTConfig, Stage
-from rstar2_agent.train.data.chat_data import DataError
 from rstar2_agent.train.data.converters import load_records
 from rstar2_agent.train.recipe import load
 from rstar2_agent.train.rollout.rollouts import Rollouts

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.synthetic import conversations, problems
 from rstar2_agent.train.config import OptimConfig, SFTConfig
 from rstar2_agent.train.data import converters
-from rstar2_agent.train.data.chat_data import DataError, DataStats, collate, load_examples, pack, read_jsonl, render
+from rstar2_agent.train.data.chat_data import DataStats, collate, load_examples, pack, read_jsonl, render
 from rstar2_agent.train.learner.model import lr_factor
 from rstar2_agent.train.recipe import RecipeError, load
 from rstar2_agent.train.run_frame import checkpoints

@@ -49,10 +49,10 @@ def _train(kind: str, cfg, run, step_text, errors: tuple[type[Exception], ...], 
 @_run_options("sft-smollm2-cpu")
 def sft_cmd(recipe, resume, overrides) -> None:
     """Supervised fine-tuning; OVERRIDES are key=value (e.g. optim.lr=2e-5 max_steps=10 out=runs/x)."""
+    from rstar2_agent.benchmark_data import DataError
     from rstar2_agent.models import ModelError
 
     from .config import SFTConfig
-    from .data.chat_data import DataError
     from .sft import run_sft
 
     cfg = _recipe(SFTConfig, recipe, overrides)
@@ -320,9 +320,9 @@ def data_cmd(sources, out, seed, hub_dir, model, format_, as_json, rewrite_url, 
     FORMAT:path (sharegpt, glaive_v2, toolace, magicoder, nemotron, openai), hub:ORG/NAME[:split] (ToolACE,
     APIGen-MT, Glaive v2, Magicoder, Tulu 3, Llama-Nemotron), any of them with @N to sample N rows, or mix:paper
     (the paper's SFT mix at its sizes)."""
+    from rstar2_agent.benchmark_data import DataError
     from rstar2_agent.models import ModelError
 
-    from .data.chat_data import DataError
     from .data.rewrite import RewriteConfig, RewriteError
     from .data.sft_mix import write_mix
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat, for_format
 from rstar2_agent.release_format import GENERATION_PROMPT
 
@@ -26,10 +27,6 @@ log = logging.getLogger(__name__)
 # The tool name in records converted from code data (Magicoder): the Python tool of the chat format that renders
 # the record stands in for it (its name differs between formats), so one data file serves every format.
 PYTHON_TOOL = "$python_tool"
-
-
-class DataError(ValueError):
-    """Training data that cannot be used; the message names the file and line."""
 
 
 @dataclass

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .chat_data import PYTHON_TOOL, DataError, DataStats, read_jsonl
+from rstar2_agent.benchmark_data import DataError
+
+from .chat_data import PYTHON_TOOL, DataStats, read_jsonl
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]

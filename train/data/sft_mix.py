@@ -13,9 +13,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 
-from .chat_data import DataError, DataStats, Example, load_examples
+from .chat_data import DataStats, Example, load_examples
 from .converters import Record, load_records
 
 log = logging.getLogger(__name__)
