@@ -22,7 +22,7 @@ from rstar2_agent.models import ResolvedModel
 from rstar2_agent.sandbox import Sandbox
 
 from .config import RLConfig, check_distributed
-from .learner.protocol import Learner
+from .learner.interface import Learner
 from .rollout.workers import local_engine, local_sandbox, start_rollout
 
 

@@ -45,7 +45,7 @@ from .config import (
     check_staleness,
 )
 from .learner.colocated import Colocation
-from .learner.protocol import Learner
+from .learner.interface import Learner
 from .learner.update import UpdateConfig, UpdateItem
 from .loss import grpo_advantages
 from .placement import choose_placement
