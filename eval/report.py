@@ -19,7 +19,7 @@ from .benchmarks import BENCHMARKS
 from .benchmarks.arena_hard import arena_summary
 from .benchmarks.base import MathBenchmark
 from .benchmarks.ifeval import ifeval_scores
-from .metrics import Graded, GraderVotes, summarize, vote
+from .scores import Graded, GraderVotes, summarize, vote
 
 
 @dataclass

@@ -30,7 +30,7 @@ def test_each_benchmark_loads_its_mirror(name, count):
 @needs_shared
 def test_aime24_keeps_leading_zeros_in_gold():
     golds = {p.gold for p in get_benchmark("aime24").load(SHARED)}
-    assert "073" in golds  # graded as numbers, see test_eval_metrics
+    assert "073" in golds  # graded as numbers, see test_eval_scores
 
 
 @needs_shared
