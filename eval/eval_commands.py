@@ -92,8 +92,8 @@ _RUN_OPTIONS = [
 
 
 def source_and_config(o: dict):
-    """The Source and EvalConfig from the shared options (`o`: click's keyword arguments)."""
-    from .harness import Source
+    """The ModelSource and EvalConfig from the shared options (`o`: click's keyword arguments)."""
+    from .harness import ModelSource
     from .runner import EvalConfig
 
     cfg = EvalConfig(n=o["n"], temperature=o["temperature"], top_p=o["top_p"], max_tokens=o["max_tokens"],
@@ -101,7 +101,7 @@ def source_and_config(o: dict):
                      format=o["format_name"] or "", answer_extraction=o["answer_extraction"] or "",
                      limit=o["limit"], concurrency=o["concurrency"],
                      retries=o["retries"])
-    source = Source(model=o["model"], engine=o["engine"], urls=list(o["urls"]), replicas=o["replicas"],
+    source = ModelSource(model=o["model"], engine=o["engine"], urls=list(o["urls"]), replicas=o["replicas"],
                     replica_policy=o["replica_policy"], served_model=o["served_model"], api_key=o["api_key"],
                     sandbox_urls=list(o["sandbox_urls"]), isolation=not o["unsafe"],
                     grader_timeout=o["grader_timeout"])

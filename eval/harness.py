@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Source(EngineSpec):
+class ModelSource(EngineSpec):
     """Where the samples come from: a local model on an engine (several: a replica pool), or an OpenAI-compatible
     endpoint (several `urls`: a replica pool over them); `model` with urls: where the tokenizer comes from. The
     response budget and the format come from the run's EvalConfig."""
@@ -45,7 +45,7 @@ class Source(EngineSpec):
         return self.urls[0] if self.urls else None
 
 
-def default_run_name(source: Source, cfg: EvalConfig, defaults: RunDefaults | None = None) -> str:
+def default_run_name(source: ModelSource, cfg: EvalConfig, defaults: RunDefaults | None = None) -> str:
     """The model and the temperature, then each of top_p, max_tokens and max_turns that differs from the
     benchmark's `defaults`: the same effective settings give the same name, so the same command resumes, and other
     settings give another run instead of a clash. `cfg` is resolved for the benchmark."""
@@ -58,9 +58,9 @@ def default_run_name(source: Source, cfg: EvalConfig, defaults: RunDefaults | No
     return name + ("" if cfg.use_tools else "-notools") + ("-chat" if cfg.api == "chat" else "")
 
 
-async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, store: Store, run_name: str | None = None,
-                   data_dir: str | None = None, out: str | None = None, console: Console | None = None,
-                   benchmarks: dict[str, Benchmark] | None = None, engine=None,
+async def evaluate(bench_names: list[str], source: ModelSource, cfg: EvalConfig, store: Store,
+                   run_name: str | None = None, data_dir: str | None = None, out: str | None = None,
+                   console: Console | None = None, benchmarks: dict[str, Benchmark] | None = None, engine=None,
                    skipped: dict[str, str] | None = None) -> dict[str, str]:
     """Run (or resume) every benchmark, each with its own defaults for what `cfg` leaves None; returns each
     benchmark's run name (`run_name`, else the default name of its effective settings). `benchmarks` overrides by
@@ -144,7 +144,7 @@ async def evaluate(bench_names: list[str], source: Source, cfg: EvalConfig, stor
     return names
 
 
-def build_engines(source: Source, cfg: EvalConfig, benches: list[Benchmark], console: Console):
+def build_engines(source: ModelSource, cfg: EvalConfig, benches: list[Benchmark], console: Console):
     """One engine, or a replica pool over several `--url` servers or `--replicas N` local engines (each trajectory
     stays on one replica; see rstar2_agent/engines/replicas.py), planned for the largest response budget."""
     budget = max(cfg.resolve(b.defaults).max_tokens for b in benches)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from rstar2_agent.eval.benchmarks import get_benchmark
 from rstar2_agent.eval.benchmarks.ifeval.instructions import check, ensure_punkt, final_text, loose_variants
-from rstar2_agent.eval.harness import Source, evaluate
+from rstar2_agent.eval.harness import ModelSource, evaluate
 from rstar2_agent.eval.paper import paper_row
 from rstar2_agent.eval.report import load, write_outputs
 from rstar2_agent.eval.runner import EvalConfig
@@ -190,7 +190,7 @@ async def test_scores_through_the_eval_path_over_a_chat_endpoint(tmp_path):
     app = scripted_chat()
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(app) as url:
-        names = await evaluate(["ifeval"], Source(urls=[url], served_model="scripted"),
+        names = await evaluate(["ifeval"], ModelSource(urls=[url], served_model="scripted"),
                                EvalConfig(api="chat", use_tools=False), store, None, str(FIXTURE))
     # the benchmark's prompt alone, greedy, no tool, one sample each
     assert len(app.state.requests) == 4
@@ -216,7 +216,7 @@ async def test_scores_through_the_eval_path_over_a_chat_endpoint(tmp_path):
 @pytest.mark.slow
 async def test_the_real_model_answers_two_prompts_and_is_checked(tmp_path, engine):
     store = Store(tmp_path / "eval.db")
-    names = await evaluate(["ifeval"], Source(), EvalConfig(max_tokens=24, limit=2, use_tools=False), store, None,
+    names = await evaluate(["ifeval"], ModelSource(), EvalConfig(max_tokens=24, limit=2, use_tools=False), store, None,
                            str(FIXTURE), engine=engine)
     (result,) = load(store, names["ifeval"])
     assert len(result.samples) == 2 and result.errors == 0

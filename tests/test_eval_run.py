@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI, Request, Response
 
 from rstar2_agent.eval.benchmarks import Context, get_benchmark
-from rstar2_agent.eval.harness import Source, evaluate
+from rstar2_agent.eval.harness import ModelSource, evaluate
 from rstar2_agent.eval.report import load
 from rstar2_agent.eval.runner import EvalConfig, run_benchmark
 from rstar2_agent.grading.math import MathGrader
@@ -43,7 +43,7 @@ def cfg(**kw) -> EvalConfig:
 async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
     store = Store(tmp_path / "eval.db")
     out = tmp_path / "out"
-    await evaluate(["aime24"], Source(), cfg(), store, "fix", data_dir=str(FIXTURE), out=str(out))
+    await evaluate(["aime24"], ModelSource(), cfg(), store, "fix", data_dir=str(FIXTURE), out=str(out))
     (result,) = load(store, "fix")
     samples = store.samples(result.run.id)
     assert len(samples) == 6 and all(s.status == "ok" for s in samples) and result.run.status == "finished"
@@ -64,9 +64,9 @@ async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
     assert calls and all(escape(c["response"]) in html for c in calls)  # every tool output can be read
 
     ids = [s.id for s in samples]
-    await evaluate(["aime24"], Source(), cfg(), store, "fix", data_dir=str(FIXTURE))  # resume: nothing to do
+    await evaluate(["aime24"], ModelSource(), cfg(), store, "fix", data_dir=str(FIXTURE))  # resume: nothing to do
     assert [s.id for s in store.samples(result.run.id)] == ids
-    await evaluate(["aime24"], Source(), cfg(n=3), store, "fix", data_dir=str(FIXTURE))  # more samples: only those
+    await evaluate(["aime24"], ModelSource(), cfg(n=3), store, "fix", data_dir=str(FIXTURE))  # more samples: only those
     grown = store.samples(result.run.id)
     assert len(grown) == 9 and set(ids) < {s.id for s in grown}
 
@@ -74,7 +74,7 @@ async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
 async def test_two_aime24_problems(tmp_path):
     store = Store(tmp_path / "eval.db")
-    await evaluate(["aime24"], Source(), cfg(n=1, limit=2, max_tokens=96), store, "aime", data_dir=str(SHARED))
+    await evaluate(["aime24"], ModelSource(), cfg(n=1, limit=2, max_tokens=96), store, "aime", data_dir=str(SHARED))
     (result,) = load(store, "aime")
     assert result.summary["problems"] == 2 and result.summary["samples"] == 2
     assert {s.problem_id for s in result.samples} == {"60", "61"}
@@ -106,7 +106,7 @@ async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         proxy = flaky_proxy(upstream)
         async with uvicorn_app(proxy) as url:
-            source = Source(model=smol.path, urls=[url])
+            source = ModelSource(model=smol.path, urls=[url])
             config = cfg(n=1, limit=2, retries=2, backoff=0.05, format="markdown")
             await evaluate(["aime24"], source, config, store, "flaky", data_dir=str(FIXTURE))
             (result,) = load(store, "flaky")
@@ -128,7 +128,7 @@ async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol)
         a, b = flaky_proxy(upstream), flaky_proxy(upstream)
         a.state.fail = b.state.fail = False
         async with uvicorn_app(a) as url_a, uvicorn_app(b) as url_b:
-            source = Source(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
+            source = ModelSource(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
             await evaluate(["aime24"], source, cfg(n=2, format="markdown", max_tokens=48), store, "pool",
                            data_dir=str(FIXTURE))
     (result,) = load(store, "pool")
@@ -140,7 +140,7 @@ async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
     server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as url:
-        await evaluate(["aime24"], Source(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=96), store, "chat",
+        await evaluate(["aime24"], ModelSource(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=96), store, "chat",
                        data_dir=str(FIXTURE))
     (result,) = load(store, "chat")
     assert len(result.samples) == 3 and result.errors == 0 and result.run.model == url
@@ -209,8 +209,8 @@ async def test_chat_api_runs_tool_calls_client_side_with_a_scripted_chat_server(
     app = scripted_chat_server()
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(app) as url:
-        await evaluate(["aime24"], Source(urls=[url], served_model="scripted"), cfg(n=1, api="chat"), store, "chat",
-                       data_dir=str(FIXTURE))
+        await evaluate(["aime24"], ModelSource(urls=[url], served_model="scripted"), cfg(n=1, api="chat"), store,
+                       "chat", data_dir=str(FIXTURE))
     (result,) = load(store, "chat")
     assert [s.correct for s in result.samples] == [True, True, True]  # 5, 42 (gold "042"), 1024
     assert all(s.tool_calls == 1 and s.tool_errors == 0 and s.turns == 2 for s in result.samples)
@@ -301,7 +301,7 @@ async def test_bfcl_v3_items_with_the_real_model(tmp_path):
 
     store = Store(tmp_path / "eval.db")
     bench = BFCLv3("simple,irrelevance,live_relevance,multi_turn_base")
-    await evaluate(["bfcl_v3"], Source(), cfg(n=1, limit=1, max_tokens=96), store, "bfcl", benchmarks={
+    await evaluate(["bfcl_v3"], ModelSource(), cfg(n=1, limit=1, max_tokens=96), store, "bfcl", benchmarks={
         "bfcl_v3": bench})
     (result,) = load(store, "bfcl")
     by_id = {s.problem_id: s for s in result.samples}
@@ -338,7 +338,7 @@ async def test_an_rl_checkpoint_is_graded_as_its_reward_read_it(tmp_path, tiny_s
         (folder / "rstar2.json").write_text(json.dumps(meta))
         engine = ScriptedEngine(tokenizer, ["2 + 3 is \\boxed{5}</reason>"])
         store = Store(tmp_path / f"{name}.db")
-        names = await evaluate(["aime24"], Source(model=str(folder)), cfg(n=1, limit=1, use_tools=False), store,
+        names = await evaluate(["aime24"], ModelSource(model=str(folder)), cfg(n=1, limit=1, use_tools=False), store,
                                None, str(FIXTURE), engine=engine)
         (result,) = load(store, names["aime24"])
         verdicts[name] = (result.run.config["answer_extraction"], result.samples[0].correct)
