@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .step_sim import Engine, Learner, Result, Schedule, Setup, Workload, simulate
+from .step_sim import Schedule, Setup, SimEngine, SimLearner, SimResult, Workload, simulate
 
 DEFAULT_SLOTS = 64  # RLRun's vLLM engine default max_num_seqs
 ASSUME_SIGMA_WITHOUT_ROLLOUTS = 0.5  # lognormal shape of the lengths when only the per-step mean is known (assumption)
@@ -186,26 +186,26 @@ def fit_sync(run: RunData, contention: float, skip: int = 1, rollouts_per_step: 
         if run.recipe.get("distributed") == "ray" else 1
     wl = Workload(prompts=len(replay[0]), rollouts_per_prompt=1, max_tokens=int(max(t for b in replay for t, _ in b)),
                   tool_calls=0.0, max_turns=int(stage.get("max_turns", 10)), tool_latency_s=tool, replay=replay)
-    learner = Learner(update_s=_mean(hist, "time_update"), push_s=_mean(hist, "time_weight_sync"),
+    learner = SimLearner(update_s=_mean(hist, "time_update"), push_s=_mean(hist, "time_weight_sync"),
                       grade_s=_mean(hist, "time_grading"))
     phases = ("time_rollout", "time_grading", "time_update", "time_weight_sync")
     if all("step_time" in m for m in hist):
         learner.other_s = max(0.0, _mean(hist, "step_time") - sum(_mean(hist, k) for k in phases))
     measured = [m["time_rollout"] for m in hist]
-    a = _rollout_times(wl, Engine(replicas, slots, 1.0, 0.0))[skip:]
-    b = _rollout_times(wl, Engine(replicas, slots, 0.0, 1.0))[skip:]
+    a = _rollout_times(wl, SimEngine(replicas, slots, 1.0, 0.0))[skip:]
+    b = _rollout_times(wl, SimEngine(replicas, slots, 0.0, 1.0))[skip:]
     t0, t1 = _nnls2(a, b, measured)
     residual = math.sqrt(sum((y - t0 * x - t1 * z) ** 2 for x, z, y in zip(a, b, measured, strict=True)) / len(a))
-    engine = Engine(replicas, slots, t0, t1)
+    engine = SimEngine(replicas, slots, t0, t1)
     setup = Setup("fitted", wl, engine, learner, contention, "fitted on a synchronous run")
     target = sum(measured) / len(measured)
 
     def mean_rollout(scale: float) -> float:
-        s = dataclasses.replace(setup, engine=Engine(replicas, slots, t0 * scale, t1 * scale))
+        s = dataclasses.replace(setup, engine=SimEngine(replicas, slots, t0 * scale, t1 * scale))
         return simulate(s, Schedule(), len(replay), skip).mean("time_rollout")
 
     scale = _solve(mean_rollout, target, 1e-3, 1e3) if t0 + t1 > 0 else 1.0
-    setup.engine = Engine(replicas, slots, t0 * scale, t1 * scale)
+    setup.engine = SimEngine(replicas, slots, t0 * scale, t1 * scale)
     return Fit(setup, skip, source, residual)
 
 
@@ -218,10 +218,10 @@ def _draw(n: int, mean: float, calls: float, cap: float, rng: random.Random) -> 
     return [(min(cap, max(1.0, x * f)), poisson(rng, calls)) for x in raw]
 
 
-def _rollout_times(wl: Workload, engine: Engine) -> list[float]:
+def _rollout_times(wl: Workload, engine: SimEngine) -> list[float]:
     """Each replayed batch's rollout time with tool calls left out (then linear in the engine's t0 and t1)."""
     no_tools = [[(t, 0) for t, _ in batch] for batch in wl.replay or []]
-    s = Setup("basis", dataclasses.replace(wl, replay=no_tools, tool_latency_s=0.0), engine, Learner(0.0, 0.0))
+    s = Setup("basis", dataclasses.replace(wl, replay=no_tools, tool_latency_s=0.0), engine, SimLearner(0.0, 0.0))
     return [r.time_rollout for r in simulate(s, Schedule(), len(no_tools), 0).steps]
 
 
@@ -289,7 +289,7 @@ def predict(fit: Fit, run: RunData, schedule: Schedule | None = None) -> Predict
                       100.0 * (predicted - measured) / measured, fits)
 
 
-def _simulate_like(setup: Setup, schedule: Schedule, steps: int, skip: int) -> Result:
+def _simulate_like(setup: Setup, schedule: Schedule, steps: int, skip: int) -> SimResult:
     return simulate(setup, schedule, steps, min(skip, steps - 1))
 
 
@@ -341,7 +341,7 @@ def measure_contention(seconds: float = 2.0) -> float:
 
 
 # ---------------------------------------------------------------- synthetic runs (tests, and checking the fit)
-def history_of(result: Result, setup: Setup) -> list[dict[str, float]]:
+def history_of(result: SimResult, setup: Setup) -> list[dict[str, float]]:
     """The per-step metrics `run_rl` records, as a simulated run would have them (time_update is the update
     alone when nothing overlaps it, as rl.py measures it; grading is its own phase)."""
     ln = setup.learner

@@ -102,7 +102,7 @@ class Workload:
 
 
 @dataclass
-class Engine:
+class SimEngine:
     replicas: int
     slots: int  # concurrent sequences per replica
     t0: float  # seconds per decode iteration, fixed
@@ -114,7 +114,7 @@ class Engine:
 
 
 @dataclass
-class Learner:
+class SimLearner:
     update_s: float  # seconds alone on its hardware
     push_s: float
     grade_s: float = 0.0
@@ -125,8 +125,8 @@ class Learner:
 class Setup:
     name: str
     workload: Workload
-    engine: Engine
-    learner: Learner
+    engine: SimEngine
+    learner: SimLearner
     contention: float = 0.0  # 0: separate hardware; 1: both use the whole machine
     note: str = ""
 
@@ -158,7 +158,7 @@ class StepRecord:
 
 
 @dataclass
-class Result:
+class SimResult:
     setup: str
     schedule: Schedule
     steps: list[StepRecord]
@@ -403,7 +403,7 @@ class _Sim:
         return self.records
 
 
-def simulate(setup: Setup, schedule: Schedule, steps: int = 8, warmup: int = 3, seed: int = 0) -> Result:
+def simulate(setup: Setup, schedule: Schedule, steps: int = 8, warmup: int = 3, seed: int = 0) -> SimResult:
     """Run `steps` learner steps; the mean over the steps after `warmup` is the steady state."""
     if setup.engine.replicas < 1 or setup.engine.slots < 1:
         raise ValueError("a setup needs at least one replica with at least one slot")
@@ -411,7 +411,7 @@ def simulate(setup: Setup, schedule: Schedule, steps: int = 8, warmup: int = 3, 
         raise ValueError("max_staleness must be >= 0")
     sim = _Sim(setup, schedule, seed)
     records = sim.run(steps)
-    return Result(setup.name, schedule, records, min(warmup, steps - 1), setup.workload.batch, sim.seconds)
+    return SimResult(setup.name, schedule, records, min(warmup, steps - 1), setup.workload.batch, sim.seconds)
 
 
 # ---------------------------------------------------------------- the paper's scale
@@ -441,16 +441,16 @@ def paper_setup(rollout_gpus: int | None = None, stage: int = 1, shard: int = AS
     other 64 - rollout_gpus train, on separate GPUs (what bounded staleness needs, and this project's recipe)."""
     wl = paper_workload(stage, shard)
     if rollout_gpus is None:
-        return Setup("colocated 64", wl, Engine(PAPER_GPUS // shard, ASSUME_SLOTS, ASSUME_DECODE_T0_S,
+        return Setup("colocated 64", wl, SimEngine(PAPER_GPUS // shard, ASSUME_SLOTS, ASSUME_DECODE_T0_S,
                                                 ASSUME_DECODE_T1_S),
-                     Learner(paper_update_s(PAPER_GPUS, stage), ASSUME_PUSH_COLOCATED_S, ASSUME_GRADE_S), 1.0,
+                     SimLearner(paper_update_s(PAPER_GPUS, stage), ASSUME_PUSH_COLOCATED_S, ASSUME_GRADE_S), 1.0,
                      "verl's hybrid engine: the GPUs generate, then train (the paper)")
     if not 0 < rollout_gpus < PAPER_GPUS or rollout_gpus % shard:
         raise ValueError(f"rollout GPUs must be a multiple of {shard} between {shard} and {PAPER_GPUS - shard}")
     trainer = PAPER_GPUS - rollout_gpus
-    return Setup(f"split {rollout_gpus}+{trainer}", wl, Engine(rollout_gpus // shard, ASSUME_SLOTS,
+    return Setup(f"split {rollout_gpus}+{trainer}", wl, SimEngine(rollout_gpus // shard, ASSUME_SLOTS,
                                                                 ASSUME_DECODE_T0_S, ASSUME_DECODE_T1_S),
-                 Learner(paper_update_s(trainer, stage), ASSUME_PUSH_SPLIT_S, ASSUME_GRADE_S), 0.0,
+                 SimLearner(paper_update_s(trainer, stage), ASSUME_PUSH_SPLIT_S, ASSUME_GRADE_S), 0.0,
                  f"{rollout_gpus} GPUs generate, {trainer} train")
 
 
@@ -458,7 +458,7 @@ def balanced_splits(stage: int = 1, shard: int = ASSUME_SHARD) -> tuple[int, ...
     """The rollout-GPU counts (whole nodes) on either side of the split where generating a batch at full slots takes
     as long as the update on the other GPUs: the candidates a staleness schedule is simulated on."""
     wl = paper_workload(stage, shard)
-    work = wl.batch * shard * mean_tokens(wl) / Engine(1, ASSUME_SLOTS, ASSUME_DECODE_T0_S,
+    work = wl.batch * shard * mean_tokens(wl) / SimEngine(1, ASSUME_SLOTS, ASSUME_DECODE_T0_S,
                                                        ASSUME_DECODE_T1_S).tokens_per_s(ASSUME_SLOTS)
     grid = range(shard, PAPER_GPUS, shard)
     best = min(grid, key=lambda g: abs(work / g - paper_update_s(PAPER_GPUS - g, stage)))
@@ -484,7 +484,7 @@ class Row:
     policy_lag_mean: float
 
 
-def _row(r: Result, sync: float) -> Row:
+def _row(r: SimResult, sync: float) -> Row:
     return Row(r.schedule.label, r.setup, r.step_time, r.rollouts_per_s, r.tokens_per_s, sync / r.step_time,
                r.mean("time_rollout"), r.mean("time_update"), r.mean("time_weight_sync"), r.mean("learner_wait_s"),
                max(s.policy_lag_max for s in r.measured), r.mean("policy_lag_mean"))
@@ -510,7 +510,7 @@ def assumptions(stage: int = 1, shard: int = ASSUME_SHARD) -> dict[str, str]:
     """Every figure the paper-scale table rests on, with where it comes from."""
     wl = paper_workload(stage, shard)
     mean = mean_tokens(wl)
-    e = Engine(1, ASSUME_SLOTS, ASSUME_DECODE_T0_S, ASSUME_DECODE_T1_S)
+    e = SimEngine(1, ASSUME_SLOTS, ASSUME_DECODE_T0_S, ASSUME_DECODE_T1_S)
     return {
         "GPUs": f"{PAPER_GPUS} MI300X (paper)",
         "batch": f"{PAPER_PROMPTS} prompts x {PAPER_ROLLOUTS_PER_PROMPT} rollouts, {PAPER_KEPT_PER_PROMPT} kept per "

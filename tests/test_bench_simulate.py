@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from rstar2_agent.bench.calibrate import Rollout, RunData, fit_sync, history_of, load_run, predict
-from rstar2_agent.bench.step_sim import SCHEDULES, Engine, Learner, Schedule, Setup, Workload, simulate
+from rstar2_agent.bench.step_sim import SCHEDULES, Schedule, Setup, SimEngine, SimLearner, Workload, simulate
 from rstar2_agent.cli import main
 from rstar2_agent.store import Sample, Store
 
@@ -20,7 +20,7 @@ def _setup(sigma: float = 0.9, slots: int = 64, contention: float = 0.0, tools: 
            update: float = 10.0) -> Setup:
     wl = Workload(prompts=8, rollouts_per_prompt=8, max_tokens=3000, median_tokens=400, sigma=sigma,
                   tool_calls=tools, max_turns=4, tool_latency_s=0.5)
-    return Setup("toy", wl, Engine(replicas, slots, 0.02, 0.001), Learner(update, 1.5, grade_s=0.7, other_s=0.3),
+    return Setup("toy", wl, SimEngine(replicas, slots, 0.02, 0.001), SimLearner(update, 1.5, grade_s=0.7, other_s=0.3),
                  contention)
 
 
@@ -38,10 +38,10 @@ def test_a_sync_step_is_its_phases_one_after_the_other():
 
 def test_equal_rollouts_take_their_length_times_the_iteration_time():
     wl = Workload(prompts=4, rollouts_per_prompt=8, max_tokens=100, median_tokens=100, sigma=0.0)
-    r = simulate(Setup("flat", wl, Engine(1, 64, 0.02, 0.001), Learner(1.0, 0.5)), Schedule(), 3, 0)
+    r = simulate(Setup("flat", wl, SimEngine(1, 64, 0.02, 0.001), SimLearner(1.0, 0.5)), Schedule(), 3, 0)
     assert r.steps[0].time_rollout == pytest.approx(100 * (0.02 + 0.001 * 32))
     # half the slots: two waves of 16
-    r = simulate(Setup("flat", wl, Engine(1, 16, 0.02, 0.001), Learner(1.0, 0.5)), Schedule(), 3, 0)
+    r = simulate(Setup("flat", wl, SimEngine(1, 16, 0.02, 0.001), SimLearner(1.0, 0.5)), Schedule(), 3, 0)
     assert r.steps[0].time_rollout == pytest.approx(2 * 100 * (0.02 + 0.001 * 16))
 
 
