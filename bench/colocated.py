@@ -36,6 +36,7 @@ async def _parity(traj: Any, gold: str) -> float:
 
 
 async def _train(cfg: Any, steps: int) -> list[dict[str, float]]:
+    from rstar2_agent.train.data.pool import stage_pool
     from rstar2_agent.train.rl import RLRun
 
     run = RLRun(cfg)
@@ -44,7 +45,7 @@ async def _train(cfg: Any, steps: int) -> list[dict[str, float]]:
     try:
         await run.start()
         stage = cfg.stages[0]
-        pool = run.rollouts.pool(stage)
+        pool = stage_pool(stage, cfg)
         for step in range(steps):
             t0 = time.perf_counter()
             metrics = await run.learn(await run.batch(pool, stage, step), None, None)

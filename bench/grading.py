@@ -146,7 +146,7 @@ def _golds(seed: int, data_dir: str | None) -> list[tuple[str, str]]:
     for name in BENCHMARK_GOLDS:
         bench = get_benchmark(name)
         if any((d / bench.source.file).is_file() for d in dirs):  # only local mirrors: no hub lookups from a corpus
-            out += [(p.gold, name) for p in bench.load(data_dir)]
+            out += [(p.answer, name) for p in bench.load(data_dir)]
     from rstar2_agent import synthetic
     from rstar2_agent.train.data import tool_tasks
 

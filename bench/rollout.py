@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train.config import RLConfig
+from rstar2_agent.train.data.pool import draw, stage_pool
 from rstar2_agent.train.rl import RLRun
 
 
@@ -38,7 +39,8 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
     try:
         await run.start()
         stage, rollouts = cfg.stages[0], run.rollouts
-        prompts = rollouts.prompts(rollouts.pool(stage), 0)
+        pool = stage_pool(stage, cfg)
+        prompts = draw(pool, cfg.prompts_per_step, cfg.seed, 0)
         n = cfg.rollouts_per_prompt
         groups = await rollouts.groups(prompts, n, stage, 0)  # warm-up, and the lengths the bare run reproduces
         trajs = [t for g in groups for t, _ in g]
@@ -58,7 +60,7 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
         for r in range(rounds):
             for name in (("bare", "rl") if r % 2 == 0 else ("rl", "bare")):
                 out[name].append(await (bare() if name == "bare" else rl()))
-        metrics = await run.step(0, stage, rollouts.pool(stage), None, None)
+        metrics = await run.step(0, stage, pool, None, None)
         split = {k: metrics[k] for k in ("time_rollout", "time_grading", "time_update", "time_weight_sync")}
         return RolloutBench(len(trajs), out["bare"], out["rl"], split)
     finally:

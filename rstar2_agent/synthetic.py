@@ -19,16 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_format import default_tools, problem_message, tool_message
+from .problem import Problem
 from .sandbox.tools import STATELESS_TOOL
 from .sandbox.types import ExecResult, Status
 
 
-@dataclass(frozen=True)
-class SynthProblem:
-    id: str
-    question: str
+@dataclass(frozen=True, kw_only=True)
+class SynthProblem(Problem):
+    """A problem with the program that solves it (what the SFT records call)."""
     code: str  # a program that prints the answer
-    answer: str
 
 
 def _sum_range(r: random.Random):
@@ -132,8 +131,8 @@ def problems(seed: int, n: int, families: str | None = None) -> list[SynthProble
     r = random.Random(seed)
     out = []
     for i in range(n):
-        question, code, answer = r.choice(makers)(r)
-        out.append(SynthProblem(f"{tag}{seed}-{i}", question, code, str(answer)))
+        text, code, answer = r.choice(makers)(r)
+        out.append(SynthProblem(f"{tag}{seed}-{i}", text, str(answer), "synthetic", code=code))
     return out
 
 
@@ -144,7 +143,7 @@ def conversation(p: SynthProblem, r: random.Random) -> dict[str, Any]:
                    "function": {"name": STATELESS_TOOL, "arguments": json.dumps(args)}}
     return {  # no system turn: each format gives its own (hermes: SYSTEM_PROMPT with the tools)
         "messages": [
-            problem_message(p.question),
+            problem_message(p.text),
             {"role": "assistant", "content": r.choice(OPENERS), "tool_calls": [openai_call]},
             tool_message(call_id, STATELESS_TOOL, ExecResult(Status.OK, stdout=p.answer + "\n", duration=0.01)),
             {"role": "assistant", "content": f"<answer>The answer is \\boxed{{{p.answer}}}.</answer>"},

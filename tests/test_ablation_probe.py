@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_agent.problem import Problem
 from rstar2_agent.stats import paired_ratio_bootstrap
 from rstar2_agent.train.ablation.experiment import Ablation, power, probe_summary
 from rstar2_agent.train.ablation.probe import ProbeError, ProbeSettings, check_disjoint, probe_problems
@@ -99,7 +100,7 @@ def _ablation_of(effect: float, seeds: int, prompts: int) -> Ablation:
     step = {"time_rollout": 30.0, "time_grading": 1.0, "time_update": 10.0, "time_weight_sync": 1.0,
             "response_tokens": 300.0, "update_tokens": 4000.0}
     histories = {arm: {s: [step, step] for s in range(seeds)} for arm in ("roc", "grpo")}
-    return Ablation(histories, probes, [(f"p{i}", "", "") for i in range(prompts)], points=(0, 1, 2), steps=2,
+    return Ablation(histories, probes, [Problem(f"p{i}", "", "") for i in range(prompts)], points=(0, 1, 2), steps=2,
                     rollouts_per_step={"roc": 32, "grpo": 16})
 
 
@@ -126,20 +127,20 @@ def test_the_probe_is_held_out_from_the_rl_and_sft_problems(tmp_path):
     problems, _ = probe_problems(cfg, ProbeSettings(prompts=64, data_seed=1009))
     stage = cfg.stages[0]
     training = tool_tasks.problems(stage.data_seed, stage.data_size)
-    assert len({pid for pid, _, _ in problems}) == 64
-    assert not {q for _, q, _ in problems} & {p.question for p in training}
-    assert not {pid for pid, _, _ in problems} & {p.id for p in training}
+    assert len({p.id for p in problems}) == 64
+    assert not {p.text for p in problems} & {p.text for p in training}
+    assert not {p.id for p in problems} & {p.id for p in training}
     # the SFT recipe beside the start model: its tool tasks are excluded too
     run = tmp_path / "sft"
     (run / "checkpoint-3").mkdir(parents=True)
     (run / "recipe.yaml").write_text("data:\n- tooltasks:5:1009:0.5\n")
     held, dropped = probe_problems(RLConfig(model=str(run / "checkpoint-3"), stages=cfg.stages),
                                    ProbeSettings(prompts=8, data_seed=1009))
-    assert dropped >= 5 and not {f"tool-1009-{i}" for i in range(5)} & {pid for pid, _, _ in held}
+    assert dropped >= 5 and not {f"tool-1009-{i}" for i in range(5)} & {p.id for p in held}
     # an overlap fails loudly
     with pytest.raises(ProbeError, match="held out"):
-        check_disjoint(problems[:3] + [("x", training[0].question, training[0].answer)],
-                       {"rl": {p.question for p in training}})
+        check_disjoint(problems[:3] + [Problem("x", training[0].text, training[0].answer)],
+                       {"rl": {p.text for p in training}})
     with pytest.raises(ProbeError, match="probe-seed"):  # the training seed itself: nothing is held out
         probe_problems(RLConfig(stages=[Stage(1, data="tooltasks", data_seed=5, data_size=64)]),
                        ProbeSettings(prompts=16, data_seed=5))
@@ -198,7 +199,7 @@ def test_the_ablation_probes_both_arms_on_the_same_held_out_prompts_and_resumes(
     ids = [[p["id"] for p in r["prompts"]] for r in records.values()]
     assert all(i == ids[0] for i in ids) and len(ids[0]) == 3
     assert all(len(p["rollouts"]) == 2 for r in records.values() for p in r["prompts"])
-    training = {p.id for p in tool_tasks.problems(0, 8)} | {p.question for p in tool_tasks.problems(0, 8)}
+    training = {p.id for p in tool_tasks.problems(0, 8)} | {p.text for p in tool_tasks.problems(0, 8)}
     assert not set(ids[0]) & training
     # the midpoint checkpoints are gone once probed; the final ones stay
     assert not (out / "roc-seed0" / "checkpoint-1").exists() and (out / "roc-seed0" / "checkpoint-2").exists()

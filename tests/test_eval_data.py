@@ -23,13 +23,13 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (b
 def test_each_benchmark_loads_its_mirror(name, count):
     problems = get_benchmark(name).load(SHARED)
     assert len(problems) == count and len({p.id for p in problems}) == count
-    assert all(p.question.strip() and p.gold.strip() for p in problems)
+    assert all(p.text.strip() and p.answer.strip() for p in problems)
     assert len(get_benchmark(name).load(SHARED, limit=2)) == 2
 
 
 @needs_shared
 def test_aime24_keeps_leading_zeros_in_gold():
-    golds = {p.gold for p in get_benchmark("aime24").load(SHARED)}
+    golds = {p.answer for p in get_benchmark("aime24").load(SHARED)}
     assert "073" in golds  # graded as numbers, see test_eval_scores
 
 
@@ -41,7 +41,7 @@ def test_gpqa_options_shuffle_per_sample_and_the_gold_letter_follows():
     for i in range(16):
         prompt, letter = bench.prompt(problem, i, seed=0)
         line = next(ln for ln in prompt.splitlines() if ln.startswith(f"{letter}) "))
-        assert line[3:] == problem.gold  # the gold letter names the correct option
+        assert line[3:] == problem.answer  # the gold letter names the correct option
         assert bench.prompt(problem, i, seed=0) == (prompt, letter)  # reproducible
         letters.add(letter)
     assert len(letters) >= 3  # 16 samples see several orders
@@ -70,7 +70,7 @@ def test_a_bad_line_is_reported_with_its_number(tmp_path):
 
 def test_the_fixture_loads_through_the_env_variable(monkeypatch):
     monkeypatch.setenv("RSTAR2_DATA_DIR", str(FIXTURE))
-    assert [p.gold for p in get_benchmark("aime24").load()] == ["5", "042", "1024"]
+    assert [p.answer for p in get_benchmark("aime24").load()] == ["5", "042", "1024"]
 
 
 def test_sample_seeds_are_stable_and_distinct():

@@ -231,5 +231,5 @@ def test_the_full_mirror_loads_and_every_instruction_has_a_checker():
     ids = {i for p in problems for i in p.meta["instruction_id_list"]}
     assert len(ids) == 25
     for p in problems:  # every instruction builds with the row's arguments and checks a response
-        assert len(check("a response.", p.meta["instruction_id_list"], p.meta["kwargs"], p.question)) == len(
+        assert len(check("a response.", p.meta["instruction_id_list"], p.meta["kwargs"], p.text)) == len(
             p.meta["instruction_id_list"])

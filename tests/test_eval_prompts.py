@@ -32,7 +32,7 @@ async def test_ifeval_goes_without_the_math_instruction_and_math_keeps_it(smol_t
     ctx, engine = context(smol_tokenizer, ifeval, profile)
     question = "Write a haiku about rain. Do not use any commas."
     await ifeval.run(Problem("1", question, '["punctuation:no_comma"]',
-                             {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}), 0, ctx)
+                             meta={"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}), 0, ctx)
     (seen,) = [engine.prompt_text(k) for k in range(len(engine.prompts))]
     assert f"<|im_start|>user\n{question}<|im_end|>" in seen and INSTRUCTION not in seen
     assert seen.endswith("<|im_start|>assistant\n<reason>")  # the model's own generation prompt stays

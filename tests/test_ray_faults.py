@@ -13,6 +13,7 @@ import signal
 import pytest
 
 from rstar2_agent.train.config import OptimConfig
+from rstar2_agent.train.data.pool import draw, stage_pool
 from rstar2_agent.train.rl import RLRun
 
 from conftest import tiny, until
@@ -42,7 +43,7 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
         greedy = SamplingParams(temperature=0.0, max_tokens=8)
         base = await workers[1].generate(prompt, greedy)
 
-        prompts = rollouts.prompts(rollouts.pool(stage), 0)
+        prompts = draw(stage_pool(stage, run.cfg), run.cfg.prompts_per_step, run.cfg.seed, 0)
         groups = await rollouts.groups(prompts, 4, stage, 0)
         run.update([[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups])
         await run.sync_weights()  # by the collective: the workers now hold the learner's step-1 weights

@@ -12,6 +12,7 @@ import pytest
 
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.train.config import RLConfig, Stage, StartCheck
+from rstar2_agent.train.data.pool import draw, stage_pool
 from rstar2_agent.train.rl import RLRun, run_rl
 from rstar2_agent.train.rollout.version_gate import VersionGate, lag_metrics
 
@@ -148,8 +149,9 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
     try:
         await run.start()
         stage, rollouts = cfg.stages[0], run.rollouts
-        pool = rollouts.pool(stage)
-        a, b = await asyncio.gather(*(rollouts.batch(rollouts.prompts(pool, s), 4, stage, s) for s in (0, 1)))
+        pool = stage_pool(stage, cfg)
+        a, b = await asyncio.gather(*(rollouts.batch(draw(pool, cfg.prompts_per_step, cfg.seed, s), 4, stage, s)
+                                      for s in (0, 1)))
         first = await run.learn(graded(a), None, None)
         assert first["policy_lag_max"] == 0 and rollouts.gate.version == 1 and run.learner.step == 1
         before = weighted_logprob(graded(b))

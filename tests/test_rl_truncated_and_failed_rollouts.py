@@ -12,6 +12,7 @@ from rstar2_agent.chat_format import ChatFormat, answer_blocks, extract_answer
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.grading.math import MathGrader
+from rstar2_agent.problem import Problem
 from rstar2_agent.train.config import RLConfig
 from rstar2_agent.train.rollout.rollouts import Rollouts
 
@@ -79,7 +80,8 @@ async def test_a_step_whose_every_rollout_failed_in_the_engine_stops_the_run_bef
     rollouts.attach(gone, sandbox, owns_engine=False)
     try:
         with pytest.raises(EngineError, match=r"all 4 rollouts of step 3 failed .*ConnectError.*--resume"):
-            await rollouts.groups([("p1", "What is 2+2?", "4"), ("p2", "What is 3+3?", "6")], 2, Stage(steps=1), step=3)
+            await rollouts.groups([Problem("p1", "What is 2+2?", "4"), Problem("p2", "What is 3+3?", "6")], 2,
+                                 Stage(steps=1), step=3)
     finally:
         await gone.close()
 
@@ -128,6 +130,7 @@ async def test_an_engine_failure_is_neither_unsolved_for_the_stage_filter_nor_wr
     The Rollouts' own filter and metrics; its generation substituted by fixed groups (no engine needed to filter)."""
     from rstar2_agent.train.config import Stage
     from rstar2_agent.train.rollout.rollouts import Batch, Rollouts
+    from rstar2_agent.train.stage_filter import filter_solved
     from rstar2_agent.trajectory import Trajectory
 
     def traj(stop: str) -> Trajectory:
@@ -136,13 +139,12 @@ async def test_an_engine_failure_is_neither_unsolved_for_the_stage_filter_nor_wr
     ok, wrong, failed = (traj("answer"), 1.0), (traj("answer"), 0.0), (traj("engine_error"), 0.0)
     fixed = {"solved": [ok, ok, failed], "mixed": [ok, wrong, failed], "unknown": [failed, failed, failed]}
     rollouts = Rollouts.__new__(Rollouts)
-    rollouts.pool = lambda stage: {pid: (pid, "1") for pid in fixed}
 
-    async def groups(items, k, stage, step):
-        return [fixed[pid] for pid, _, _ in items]
+    async def groups(problems, k, stage, step):
+        return [fixed[p.id] for p in problems]
 
     rollouts.groups = groups
-    await rollouts.filter_solved(Stage(steps=1), 3)
-    assert rollouts.pool_ids == ["mixed", "unknown"]
-    batch = Batch(step=0, prompts=[], groups=[fixed["mixed"]], versions=[], times={"time_rollout": 1.0})
+    pool = {pid: Problem(pid, pid, "1") for pid in fixed}
+    assert await filter_solved(rollouts, pool, Stage(steps=1), 3) == ["mixed", "unknown"]
+    batch = Batch(step=0, problems=[], groups=[fixed["mixed"]], versions=[], times={"time_rollout": 1.0})
     assert rollouts.metrics(batch, [[]], [])["accuracy"] == 0.5

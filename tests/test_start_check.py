@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_agent.problem import Problem
 from rstar2_agent.train.config import StartCheck
 from rstar2_agent.train.rl import run_rl
 from rstar2_agent.train.rollout.rollouts import Batch
@@ -26,7 +27,7 @@ def rollout(text: str, stop: str = "answer") -> Trajectory:
 
 
 def batch(groups) -> Batch:
-    return Batch(0, [("p", "q", "42")] * len(groups), groups, [[0] * len(g) for g in groups], {})
+    return Batch(0, [Problem("p", "q", "42")] * len(groups), groups, [[0] * len(g) for g in groups], {})
 
 
 def test_figures_count_readable_answers_and_mixed_groups_leaving_out_engine_failures():

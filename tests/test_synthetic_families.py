@@ -9,19 +9,19 @@ from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.synthetic import FAMILIES, parse_families, problems
 from rstar2_agent.train.config import RLConfig, SFTConfig, Stage
 from rstar2_agent.train.data.converters import load_records
+from rstar2_agent.train.data.pool import stage_pool
 from rstar2_agent.train.recipe import load
-from rstar2_agent.train.rollout.rollouts import Rollouts
 
 QUESTION_START = {"primes": "How many prime numbers", "gcd": "What is the greatest common divisor"}
 
 
 def test_a_subset_draws_only_its_families_and_names_them_in_its_ids():
     drawn = problems(3, 40, "primes+gcd")
-    assert {p.question.startswith((QUESTION_START["primes"], QUESTION_START["gcd"])) for p in drawn} == {True}
-    assert {p.question.startswith(QUESTION_START["primes"]) for p in drawn} == {True, False}  # both families drawn
+    assert {p.text.startswith((QUESTION_START["primes"], QUESTION_START["gcd"])) for p in drawn} == {True}
+    assert {p.text.startswith(QUESTION_START["primes"]) for p in drawn} == {True, False}  # both families drawn
     assert all(p.id.startswith("primes+gcd-3-") for p in drawn)
     # every family (the default) is the stream it always was: the same seed gives the same problems and ids
-    assert [(p.id, p.question) for p in problems(3, 40)] == [(p.id, p.question) for p in problems(3, 40, "all")]
+    assert [(p.id, p.text) for p in problems(3, 40)] == [(p.id, p.text) for p in problems(3, 40, "all")]
     assert parse_families("primes,fib") == ("primes", "fib") and len(parse_families(None)) == len(FAMILIES) == 10
     with pytest.raises(ValueError, match="unknown synthetic problem family 'prime'.*primes"):
         parse_families("prime+fib")
@@ -38,10 +38,10 @@ def test_the_make_train_recipes_split_the_families_between_sft_and_rl():
     assert len(rl_families) == 5 and len(set(parse_families(other[0].split(":")[3]))) == 5
     records = load_records("synthetic:6:0:" + other[0].split(":")[3])
     assert len(records) == 6 and all(r["messages"][-1]["content"].startswith("<answer>") for r in records)
-    pool = Rollouts(rl, None).pool(rl.stages[0])  # RL's prompts: only its own families
+    pool = stage_pool(rl.stages[0], rl)  # RL's problems: only its own families
     assert len(pool) == rl.stages[0].data_size
-    assert not any(q.startswith(QUESTION_START["gcd"]) for q, _ in pool.values())
+    assert not any(p.text.startswith(QUESTION_START["gcd"]) for p in pool.values())
     with pytest.raises(DataError, match="synthetic:N"):
         load_records("synthetic:4:0:nope")
     with pytest.raises(ValueError, match="unknown synthetic problem family"):
-        Rollouts(rl, None).pool(Stage(steps=1, data="synthetic:nope"))
+        stage_pool(Stage(steps=1, data="synthetic:nope"), rl)

@@ -17,7 +17,7 @@ from rstar2_agent.train.data.tool_tasks import ToolProblem, conversations_async,
 
 
 def _family(p: ToolProblem) -> str:
-    return p.question.split("\n", 1)[0]
+    return p.text.split("\n", 1)[0]
 
 
 def _calls(record: dict) -> list[dict]:
@@ -28,15 +28,15 @@ def _calls(record: dict) -> list[dict]:
 def test_problems_are_deterministic_per_seed_and_distinct():
     first = problems(3, 60)
     assert first == problems(3, 60)
-    assert all(isinstance(p, SynthProblem) and p.bugs for p in first)  # RL's pool reads id, question, answer
-    assert len({p.id for p in first}) == 60 and len({p.question for p in first}) == 60
-    assert len({p.question for p in problems(4, 60)} - {p.question for p in first}) >= 55  # another seed, others
-    assert len(Counter(p.question.split()[1] for p in first)) == len(tool_tasks.FAMILIES)  # every family drawn
+    assert all(isinstance(p, SynthProblem) and p.bugs for p in first)  # Problems: RL's pool holds them as they are
+    assert len({p.id for p in first}) == 60 and len({p.text for p in first}) == 60
+    assert len({p.text for p in problems(4, 60)} - {p.text for p in first}) >= 55  # another seed, others
+    assert len(Counter(p.text.split()[1] for p in first)) == len(tool_tasks.FAMILIES)  # every family drawn
 
 
 def test_the_question_holds_the_data_the_program_reads():
     for p in problems(5, 40):
-        assert p.stdin.endswith("\n") and p.stdin.strip() in p.question
+        assert p.stdin.endswith("\n") and p.stdin.strip() in p.text
         assert "input()" in p.code or "sys.stdin" in p.code
         assert p.answer.lstrip("-").isdigit()
 
@@ -45,7 +45,7 @@ async def test_reference_programs_print_the_answer_in_the_sandbox(sandbox):
     sample = problems(11, 25)
     results = await sandbox.run_batch([ExecRequest(p.code, p.stdin) for p in sample])
     for p, r in zip(sample, results, strict=True):
-        assert r.ok and r.stdout == p.answer + "\n", (p.question, r.stderr)
+        assert r.ok and r.stdout == p.answer + "\n", (p.text, r.stderr)
 
 
 async def test_every_bug_raises_in_the_users_file_only(sandbox):
@@ -101,11 +101,14 @@ def test_the_tooltasks_source_loads_through_load_records():
 
 def test_the_rl_stage_picks_the_tool_tasks_generator():
     from rstar2_agent.train.config import RLConfig, Stage
+    from rstar2_agent.train.data.pool import draw, stage_pool
     from rstar2_agent.train.recipe import load
-    from rstar2_agent.train.rollout.rollouts import Rollouts
 
     cfg = load(RLConfig, "rl-smollm2-tooltasks-cpu")
     assert cfg.stages[0].data == "tooltasks" and cfg.model == "runs/sft-smollm2-tooltasks-cpu/last"
     assert Stage(steps=1).data == "synthetic"
-    pool = Rollouts(cfg, None).pool(Stage(steps=1, data="tooltasks", data_seed=5, data_size=4))
-    assert pool == {p.id: (p.question, p.answer) for p in problems(5, 4)}
+    pool = stage_pool(Stage(steps=1, data="tooltasks", data_seed=5, data_size=4), cfg)
+    assert pool == {p.id: p for p in problems(5, 4)}
+    # a step's problems are a function of (seed, step): pinned, so a change of the draw shows here
+    eight = stage_pool(Stage(steps=1, data="tooltasks", data_seed=5, data_size=8), cfg)
+    assert [p.id for p in draw(eight, 3, seed=7, step=2)] == ["tool-5-6", "tool-5-2", "tool-5-0"]

@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from rstar2_agent.benchmark_data import SOURCES, DataError
+from rstar2_agent.problem import Problem
 from rstar2_agent.train.data.problems import (
     BenchmarkIndex,
     Counts,
-    RLProblem,
     curate,
+    from_text,
     integer_answer,
     integer_answers,
     normalize,
@@ -34,7 +35,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SOURCES_ARGS = [f"dapo:{DATA / 'dapo.jsonl'}", f"omr:{DATA / 'omr.jsonl'}", f"euler:{DATA / 'euler.jsonl'}"]
 
 
-def _problems(spec: str) -> list[RLProblem]:
+def _problems(spec: str) -> list[Problem]:
     return list(parse_source(spec).problems())
 
 
@@ -42,8 +43,8 @@ def _problems(spec: str) -> list[RLProblem]:
 def test_dapo_rows_lose_the_answer_format_instruction_and_keep_the_ground_truth():
     problems = _problems(f"dapo:{DATA / 'dapo.jsonl'}")
     assert len(problems) == 6 and {p.source for p in problems} == {"dapo"}
-    assert problems[0].problem.startswith("A jar holds $5$ red") and problems[0].problem.endswith("in the jar?")
-    assert not any("Answer:" in p.problem for p in problems)
+    assert problems[0].text.startswith("A jar holds $5$ red") and problems[0].text.endswith("in the jar?")
+    assert not any("Answer:" in p.text for p in problems)
     assert [p.answer for p in problems] == ["22", "\\frac{1}{4}", "4.0", "22", "0", "042"]
 
 
@@ -68,7 +69,7 @@ def test_openmathreasoning_reads_only_aops_problems_with_an_extracted_answer():
     problems = _problems(f"omr:{DATA / 'omr.jsonl'}")
     assert len(problems) == 5  # of 7 rows: the no_answer_extracted and the converted_proof rows are left out
     assert {p.source for p in problems} == {"openmathreasoning"}
-    assert not any("Prove" in p.problem or "bounded" in p.problem for p in problems)
+    assert not any("Prove" in p.text or "bounded" in p.text for p in problems)
 
 
 def test_project_euler_drops_huge_answers_and_reads_integer_columns():
@@ -108,9 +109,9 @@ def test_integer_answers_are_strict(answer, expected):
 
 def test_the_integer_filter_counts_what_it_drops_and_writes_answers_plainly():
     counts = Counts()
-    kept = list(integer_answers([RLProblem("a", "007", "s"), RLProblem("b", "0.5", "s"), RLProblem("c", "-12", "s")],
+    kept = list(integer_answers([from_text("a", "007", "s"), from_text("b", "0.5", "s"), from_text("c", "-12", "s")],
                                 counts))
-    assert [(p.problem, p.answer) for p in kept] == [("a", "7"), ("c", "-12")] and counts.non_integer == 1
+    assert [(p.text, p.answer) for p in kept] == [("a", "7"), ("c", "-12")] and counts.non_integer == 1
 
 
 def test_dedupe_ignores_whitespace_and_latex_spacing_but_not_the_math():
@@ -122,8 +123,8 @@ def test_dedupe_ignores_whitespace_and_latex_spacing_but_not_the_math():
     assert all(normalize(s) == normalize(base) for s in same)
     assert not any(normalize(o) == normalize(base) for o in other)
     counts = Counts()
-    kept = list(unique([RLProblem(t, "1", "s") for t in [base, *same, *other]], counts))
-    assert [p.problem for p in kept] == [base, *other] and counts.duplicate == len(same)
+    kept = list(unique([from_text(t, "1", "s") for t in [base, *same, *other]], counts))
+    assert [p.text for p in kept] == [base, *other] and counts.duplicate == len(same)
     assert normalize("a\\\\ b") == "a\\\\b"  # a LaTeX line break is not a spacing command
 
 
@@ -139,21 +140,21 @@ def test_a_benchmark_problem_behind_a_one_line_preamble_is_contaminated():
     # any shared run of 8 words counts, even a stock phrase: the rule is strict by design (no false negatives)
     assert index.contaminated("Let $N$ be the number of ways to tile a floor with red and blue tiles.")
     counts = Counts()
-    kept = list(uncontaminated([RLProblem("Intro.\n" + bench, "1", "s"), RLProblem("What is 2+2?", "4", "s")], index,
+    kept = list(uncontaminated([from_text("Intro.\n" + bench, "1", "s"), from_text("What is 2+2?", "4", "s")], index,
                                counts))
-    assert [p.problem for p in kept] == ["What is 2+2?"] and counts.contaminated == 1
+    assert [p.text for p in kept] == ["What is 2+2?"] and counts.contaminated == 1
 
 
 def test_the_filters_run_in_the_papers_order():
     """A problem with a fractional answer counts as non-integer even when it repeats (filter 1 before 2); the
     second copy of a contaminated problem counts as a duplicate (filter 2 before 3)."""
     bench = "one two three four five six seven eight nine ten"
-    rows = [RLProblem("What is half of one?", "1/2", "s"), RLProblem("What is half of one?", "1/2", "s"),
-            RLProblem("Intro. " + bench, "3", "s"), RLProblem("Intro.  " + bench, "3", "s"),
-            RLProblem("What is 6 times 7?", "42", "s")]
+    rows = [from_text("What is half of one?", "1/2", "s"), from_text("What is half of one?", "1/2", "s"),
+            from_text("Intro. " + bench, "3", "s"), from_text("Intro.  " + bench, "3", "s"),
+            from_text("What is 6 times 7?", "42", "s")]
     counts = Counts()
     kept = list(curate(rows, BenchmarkIndex([bench]), counts))
-    assert [p.problem for p in kept] == ["What is 6 times 7?"]
+    assert [p.text for p in kept] == ["What is 6 times 7?"]
     assert counts.as_json() == {
         "read": 5, "kept": 1, "dropped": {"non_integer": 2, "duplicate": 1, "contaminated": 1},
         "kept_by_source": {"s": 1},
@@ -257,11 +258,11 @@ def test_real_benchmark_problems_behind_a_preamble_are_caught(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- RL stages
-def _pool(stage, out, data_dir=None, pool_ids=None):
+def _pool(stage, out, data_dir=None, kept=None):
     from rstar2_agent.train.config import RLConfig
-    from rstar2_agent.train.rollout.rollouts import Rollouts
+    from rstar2_agent.train.data.pool import stage_pool
 
-    return Rollouts(RLConfig(out=str(out), data_dir=data_dir), None, pool_ids=pool_ids).pool(stage)  # no model
+    return stage_pool(stage, RLConfig(out=str(out), data_dir=data_dir), kept)  # no model
 
 
 def test_an_rl_stage_reads_a_problems_file_with_stable_ids_and_a_seeded_cap(tmp_path):
@@ -271,14 +272,14 @@ def test_an_rl_stage_reads_a_problems_file_with_stable_ids_and_a_seeded_cap(tmp_
     CliRunner().invoke(train_group, ["problems", *SOURCES_ARGS, "--out", str(out), "--data-dir", str(BENCH)])
     problems = read_problems(out)
     pool = _pool(Stage(steps=1, data=str(out)), tmp_path)
-    assert pool == {p.id: (p.problem, p.answer) for p in problems} and len(pool) == 5
+    assert pool == {p.id: p for p in problems} and len(pool) == 5
     assert _pool(Stage(steps=1, data=f"problems:{out}", data_size=0), tmp_path) == pool
     capped = _pool(Stage(steps=1, data=str(out), data_size=3, data_seed=1), tmp_path)
     assert len(capped) == 3 and capped == _pool(Stage(steps=1, data=str(out), data_size=3, data_seed=1), tmp_path)
     assert set(capped) <= set(pool)
     assert {len(_pool(Stage(steps=1, data=str(out), data_size=3, data_seed=s), tmp_path)) for s in range(4)} == {3}
     kept = sorted(pool)[:2]  # a resumed stage after its filter keeps only these
-    assert set(_pool(Stage(steps=1, data=str(out)), tmp_path, pool_ids=kept)) == set(kept)
+    assert set(_pool(Stage(steps=1, data=str(out)), tmp_path, kept=kept)) == set(kept)
 
 
 def test_an_rl_stage_curates_its_sources_once_and_reads_the_cache_after(tmp_path, monkeypatch):
@@ -289,7 +290,7 @@ def test_an_rl_stage_curates_its_sources_once_and_reads_the_cache_after(tmp_path
     dapo.write_bytes((DATA / "dapo.jsonl").read_bytes())
     stage = Stage(steps=1, data=[f"dapo:{dapo}", f"euler:{DATA / 'euler.jsonl'}"])
     first = _pool(stage, tmp_path / "run", BENCH)
-    assert sorted(a for _, a in first.values()) == ["22", "41286", "42", "5702886"]
+    assert sorted(p.answer for p in first.values()) == ["22", "41286", "42", "5702886"]
     assert len(list((tmp_path / "run").glob("problems-*.jsonl"))) == 1
     dapo.unlink()  # the stage reads its cached curation now
     assert _pool(stage, tmp_path / "run", BENCH) == first

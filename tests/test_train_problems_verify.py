@@ -17,7 +17,7 @@ import pytest
 
 from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.engines.base import Engine, Generation
-from rstar2_agent.train.data.problems import RLProblem, read_problems, write_problems
+from rstar2_agent.train.data.problems import from_text, read_problems, write_problems
 from rstar2_agent.train.data.problems_verify import VerifyConfig, progress_path, verify
 
 from conftest import ROOT, free_port, serving, until
@@ -74,7 +74,7 @@ def _recorded(out: Path) -> list[dict]:
 @pytest.mark.slow
 async def test_a_killed_verify_resumes_without_asking_again_scripted_model(tmp_path, smol_tokenizer, sandbox):
     inp, out = tmp_path / "omr.jsonl", tmp_path / "omr-verified.jsonl"
-    problems = [RLProblem(p, label, "openmathreasoning") for p, (label, _) in SCRIPT.items()]
+    problems = [from_text(p, label, "openmathreasoning") for p, (label, _) in SCRIPT.items()]
     write_problems(inp, problems)
     held = "How many days are in April?"
     engine = ScriptedMathModel(smol_tokenizer, hold=held)
@@ -97,7 +97,7 @@ async def test_a_killed_verify_resumes_without_asking_again_scripted_model(tmp_p
         assert "2 of 4 problems kept" in log and "2 asked now, 2 recorded before" in log, log
         # each problem asked once with n=SAMPLES; the held one again after the kill, none recorded twice
         assert engine.calls == {p: SAMPLES for p in SCRIPT} | {held: 2 * SAMPLES}
-        assert [(p.problem, p.answer) for p in read_problems(out)] == [
+        assert [(p.text, p.answer) for p in read_problems(out)] == [
             ("How many edges does a cube have?", "12"), (held, "30")]
         assert [r["correct"] for r in _recorded(out)] == [4, 1, 2, 0]
 
@@ -112,7 +112,7 @@ async def test_a_killed_verify_resumes_without_asking_again_scripted_model(tmp_p
 
 async def test_no_server_says_so(tmp_path):
     inp = tmp_path / "p.jsonl"
-    write_problems(inp, [RLProblem("What is 1+1?", "2", "test")])
+    write_problems(inp, [from_text("What is 1+1?", "2", "test")])
     cfg = VerifyConfig(f"http://127.0.0.1:{free_port()}", served_model="m", timeout=5)
     with pytest.raises(DataError, match="no OpenAI-compatible server answers"):
         await verify(inp, tmp_path / "out.jsonl", cfg)

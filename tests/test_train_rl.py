@@ -17,6 +17,7 @@ import torch
 
 from rstar2_agent.chat_format import default_extraction
 from rstar2_agent.train.config import OptimConfig, RLConfig, Stage
+from rstar2_agent.train.data.pool import draw, stage_pool
 from rstar2_agent.train.loss import grpo_advantages, ppo_clip_loss
 from rstar2_agent.train.rl import RLRun, run_rl, stage_of
 
@@ -56,8 +57,8 @@ async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_
     run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"), dtype="fp32"))
     try:
         await run.start()
-        stage, rollouts = run.cfg.stages[0], run.rollouts
-        groups = await rollouts.groups(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
+        stage, rollouts, cfg = run.cfg.stages[0], run.rollouts, run.cfg
+        groups = await rollouts.groups(draw(stage_pool(stage, cfg), cfg.prompts_per_step, cfg.seed, 0), 4, stage, 0)
         kept = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in groups]  # 2 "right", 2 "wrong" each
         items = [UpdateItem(t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, a) for g in kept
                  for (t, _), a in zip(g, grpo_advantages([r for _, r in g]), strict=True)]
@@ -166,8 +167,8 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     run = RLRun(cfg)
     try:
         await run.start()
-        stage, rollouts = run.cfg.stages[0], run.rollouts
-        groups = await rollouts.groups(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
+        stage, rollouts, cfg = run.cfg.stages[0], run.rollouts, run.cfg
+        groups = await rollouts.groups(draw(stage_pool(stage, cfg), cfg.prompts_per_step, cfg.seed, 0), 4, stage, 0)
         assert {replica for _, replica in rollouts.engine.history} == {0, 1}  # trajectories spread over both workers
         assert all(t.logprobs and len(t.logprobs) == len(t.response_ids) for g in groups for t, _ in g)
         # colocated: the rollout workers are scheduled in the learner group's placement, each bundle sized for a rank

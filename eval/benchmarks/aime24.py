@@ -11,4 +11,4 @@ class AIME24(MathBenchmark):
     defaults = PAPER  # the paper's AIME24 setting: avg@16, T 0.6, 30 turns; 30720 tokens (release script); top_p 1
 
     def problem(self, row, index):
-        return Problem(str(row["id"]), row["problem"], str(row["answer"]), {"url": row.get("url")})
+        return Problem(str(row["id"]), row["problem"], str(row["answer"]), meta={"url": row.get("url")})

@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # the data part lives in the core (training reads the benchmarks too); its names stay importable from here
 from rstar2_agent.benchmark_data import DATA_ENV, BenchmarkSource, DataError, data_dirs, read_jsonl  # noqa: F401
+from rstar2_agent.problem import Problem  # what eval and RL pose: one record in the core
 from rstar2_agent.trajectory import Trajectory
 
 
@@ -38,14 +39,6 @@ PAPER = RunDefaults(n=16, temperature=0.6, top_p=1.0, max_tokens=30720, max_turn
 # gives none): 16K tokens, room for a reasoning model's thinking before the answer. The leaderboards' 4,096 (BFCL
 # caps each generation there; Arena-Hard's baseline answers were generated with it) is --max-tokens 4096.
 REASONING_BUDGET = 16384
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    question: str
-    gold: str
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,34 +99,35 @@ class Benchmark:
         return self.source.rows(data_dir)
 
     def load(self, data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[Problem]:
-        problems = [self.problem(r, i) for i, r in enumerate(self.rows(data_dir))]
+        problems = [replace(p, source=p.source or self.name) for p in
+                    (self.problem(r, i) for i, r in enumerate(self.rows(data_dir)))]
         ids = [p.id for p in problems]
         if len(set(ids)) != len(ids):
             raise DataError(f"{self.name}: problem ids are not unique in its data")
         return problems[:limit] if limit else problems
 
     def prompt(self, problem: Problem, sample_index: int, seed: int) -> tuple[str, str]:
-        """The question the model sees for this sample and the gold answer it is graded against."""
-        return problem.question, problem.gold
+        """The text the model sees for this sample and the answer it is graded against."""
+        return problem.text, problem.answer
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
-        question, gold = self.prompt(problem, sample_index, ctx.seed)
-        traj = await ctx.agent(question, tools=None if ctx.use_tools else [],
+        text, answer = self.prompt(problem, sample_index, ctx.seed)
+        traj = await ctx.agent(text, tools=None if ctx.use_tools else [],
                                seed=sample_seed(ctx.seed, problem.id, sample_index))
-        outcome = await self.grade(traj, gold, ctx)
-        outcome.details.setdefault("question", question)  # what the model saw, for the report
+        outcome = await self.grade(traj, answer, ctx)
+        outcome.details.setdefault("question", text)  # what the model saw, for the report (a stored key)
         return outcome
 
-    async def grade(self, traj: Trajectory, gold: str, ctx: Context) -> Outcome:
+    async def grade(self, traj: Trajectory, answer: str, ctx: Context) -> Outcome:
         raise NotImplementedError
 
 
 class MathBenchmark(Benchmark):
-    """Answers graded by math-verify against the gold answer."""
+    """Answers graded by math-verify against the problem's answer."""
 
-    async def grade(self, traj: Trajectory, gold: str, ctx: Context) -> Outcome:
-        g = await ctx.math_grader.grade_trajectory(traj, gold)
+    async def grade(self, traj: Trajectory, answer: str, ctx: Context) -> Outcome:
+        g = await ctx.math_grader.grade_trajectory(traj, answer)
         reason = {"timeout": "grader_timeout"}.get(g.error or "", g.error)
         if traj.stop_reason == "engine_error":
             reason = "engine_error"
-        return Outcome(traj, g.correct, g.predicted, gold, None if g.correct else reason)
+        return Outcome(traj, g.correct, g.predicted, answer, None if g.correct else reason)

@@ -15,4 +15,4 @@ class MATH500(MathBenchmark):
 
     def problem(self, row, index):
         return Problem(row["unique_id"], row["problem"], str(row["answer"]),
-                       {"subject": row.get("subject"), "level": row.get("level")})
+                       meta={"subject": row.get("subject"), "level": row.get("level")})

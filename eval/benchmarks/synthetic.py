@@ -4,7 +4,7 @@ turn and the answer in <answer>\\boxed{}</answer> (see the format shares in the 
 
 from __future__ import annotations
 
-from .base import PAPER, MathBenchmark, Problem
+from .base import PAPER, MathBenchmark
 
 HELD_OUT_SEED = 1_000_003  # training recipes use small seeds
 
@@ -22,5 +22,4 @@ class Synthetic(MathBenchmark):
     def load(self, data_dir=None, limit=None):
         from rstar2_agent.synthetic import problems
 
-        return [Problem(p.id, p.question, p.answer) for p in problems(HELD_OUT_SEED, limit or self.count,
-                                                                      self.families)]
+        return list(problems(HELD_OUT_SEED, limit or self.count, self.families))  # each a Problem

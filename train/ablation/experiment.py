@@ -32,6 +32,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from rstar2_agent.problem import Problem
 from rstar2_agent.stats import Z95, RatioInterval, paired_ratio_bootstrap, student_t_cdf
 from rstar2_agent.store import Store
 
@@ -60,7 +61,7 @@ class Ablation:
     probe's records by name (start, ARM-seedS-stepK), its problems and the steps it probes."""
     histories: dict[str, dict[int, list[dict[str, float]]]]
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     dropped: int = 0  # probe problems drawn and dropped as training questions
     points: tuple[int, ...] = ()  # the probed steps: 0 (the SFT start), the midpoint, the end
     steps: int = 0
@@ -425,7 +426,7 @@ def ablation_settings(cfg: RLConfig, recipe: str, seeds: list[int], ab: Ablation
             "train_data": {"data": stage.data, "data_seed": stage.data_seed, "data_size": stage.data_size},
             "probe": None if probe is None else {
                 **dataclasses.asdict(probe), "points": list(ab.points), "dropped_as_training_questions": ab.dropped,
-                "first_ids": [pid for pid, _, _ in ab.problems[:3]],
+                "first_ids": [p.id for p in ab.problems[:3]],
                 "sampling": "rollout seed = f(training seed, prompt, sample); the SFT start probed once, with "
                             f"seed {seeds[0]}'s draws, for every arm and seed"},
             "finished": {"steps_done": runs, "probes_stored": sorted(ab.probes)},

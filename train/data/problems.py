@@ -32,11 +32,12 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rstar2_agent.benchmark_data import SOURCES, DataError, hub_rows, iter_jsonl
+from rstar2_agent.problem import Problem
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,9 @@ BENCHMARKS = tuple(SOURCES)  # aime24, aime25, hmmt25, math500, gpqa_diamond: re
 MAX_EULER_DIGITS = 18  # ours: a signed 64-bit integer holds every answer up to this length
 
 
-@dataclass(frozen=True)
-class RLProblem:
-    problem: str
-    answer: str
-    source: str
-
-    @property
-    def id(self) -> str:
-        """Stable across runs and files: a hash of the problem text."""
-        return hashlib.blake2b(self.problem.encode(), digest_size=8).hexdigest()
+def from_text(text: str, answer: str, source: str) -> Problem:
+    """A curated problem; its id is stable across runs and files: a hash of its text."""
+    return Problem(hashlib.blake2b(text.encode(), digest_size=8).hexdigest(), text, answer, source)
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -63,32 +57,32 @@ DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last lin
 DAPO_REMINDER = 'Remember to put your answer on its own line after "Answer:".'
 
 
-def _dapo(row: dict[str, Any]) -> RLProblem:
+def _dapo(row: dict[str, Any]) -> Problem:
     prompt = row["prompt"]
     if isinstance(prompt, list):  # BytedTsinghua-SIA/DAPO-Math-17k keeps the prompt as chat messages
         prompt = next(m["content"] for m in prompt if m["role"] == "user")
     text = prompt.strip().removeprefix(DAPO_INSTRUCTION).removesuffix(DAPO_REMINDER).strip()
-    return RLProblem(text, str(row["reward_model"]["ground_truth"]).strip(), "dapo")
+    return from_text(text, str(row["reward_model"]["ground_truth"]).strip(), "dapo")
 
 
-def _omr(row: dict[str, Any]) -> RLProblem | None:
+def _omr(row: dict[str, Any]) -> Problem | None:
     if row["problem_type"] != "has_answer_extracted" or not str(row["problem_source"]).startswith("aops"):
         return None
-    return RLProblem(str(row["problem"]).strip(), str(row["expected_answer"]).strip(), "openmathreasoning")
+    return from_text(str(row["problem"]).strip(), str(row["expected_answer"]).strip(), "openmathreasoning")
 
 
-def _euler(row: dict[str, Any]) -> RLProblem | None:
+def _euler(row: dict[str, Any]) -> Problem | None:
     value = row["numerical_answer"]
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:  # a float column holds it exactly
         value = int(value)
     answer = str(value).strip()
     if (whole := integer_answer(answer)) is not None and len(whole.lstrip("-")) > MAX_EULER_DIGITS:
         return None
-    return RLProblem(str(row["problem"]).strip(), answer, "project-euler")
+    return from_text(str(row["problem"]).strip(), answer, "project-euler")
 
 
-def _own(row: dict[str, Any]) -> RLProblem:
-    return RLProblem(str(row["problem"]), str(row["answer"]), str(row.get("source") or "problems"))
+def _own(row: dict[str, Any]) -> Problem:
+    return from_text(str(row["problem"]), str(row["answer"]), str(row.get("source") or "problems"))
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ class Schema:
     config: str | None
     split: str
     columns: tuple[str, ...]
-    to_problem: Callable[[dict[str, Any]], RLProblem | None]
+    to_problem: Callable[[dict[str, Any]], Problem | None]
     skips: str = ""
     fields: str = ""  # the columns as a user reads them, when `columns` does not say it (nested ones)
     stream: bool = False  # hub: stream only `columns` (OpenMathReasoning's rows carry long solutions: 50 GB)
@@ -133,7 +127,7 @@ class Source:
     def fields(self) -> str:
         return self.schema.fields or ", ".join(self.schema.columns)
 
-    def problems(self) -> Iterator[RLProblem]:
+    def problems(self) -> Iterator[Problem]:
         skipped = 0
         for i, row in enumerate(self._rows()):
             try:
@@ -306,21 +300,21 @@ class Counts:
                 "kept_by_source": self.by_source, "decontamination": self.decontamination}
 
 
-def integer_answers(problems: Iterable[RLProblem], counts: Counts) -> Iterator[RLProblem]:
+def integer_answers(problems: Iterable[Problem], counts: Counts) -> Iterator[Problem]:
     """Filter 1: only problems with an integer answer, the answer written plainly."""
     for p in problems:
         answer = integer_answer(p.answer)
         if answer is None:
             counts.non_integer += 1
         else:
-            yield RLProblem(p.problem, answer, p.source)
+            yield from_text(p.text, answer, p.source)
 
 
-def unique(problems: Iterable[RLProblem], counts: Counts) -> Iterator[RLProblem]:
+def unique(problems: Iterable[Problem], counts: Counts) -> Iterator[Problem]:
     """Filter 2: the first of the problems whose normalised texts are equal (sources in the order given)."""
     seen: set[bytes] = set()
     for p in problems:
-        key = hashlib.blake2b(normalize(p.problem).encode(), digest_size=16).digest()
+        key = hashlib.blake2b(normalize(p.text).encode(), digest_size=16).digest()
         if key in seen:
             counts.duplicate += 1
         else:
@@ -328,18 +322,18 @@ def unique(problems: Iterable[RLProblem], counts: Counts) -> Iterator[RLProblem]
             yield p
 
 
-def uncontaminated(problems: Iterable[RLProblem], index: BenchmarkIndex, counts: Counts) -> Iterator[RLProblem]:
+def uncontaminated(problems: Iterable[Problem], index: BenchmarkIndex, counts: Counts) -> Iterator[Problem]:
     """Filter 3: no problem that shares an n-gram with an evaluation problem."""
     for p in problems:
-        if index.contaminated(p.problem):
+        if index.contaminated(p.text):
             counts.contaminated += 1
         else:
             yield p
 
 
-def curate(problems: Iterable[RLProblem], index: BenchmarkIndex, counts: Counts) -> Iterator[RLProblem]:
+def curate(problems: Iterable[Problem], index: BenchmarkIndex, counts: Counts) -> Iterator[Problem]:
     """The three filters in the paper's order, streaming; `counts` fills as the problems pass."""
-    def read(ps: Iterable[RLProblem]) -> Iterator[RLProblem]:
+    def read(ps: Iterable[Problem]) -> Iterator[Problem]:
         for p in ps:
             counts.read += 1
             yield p
@@ -352,18 +346,18 @@ def curate(problems: Iterable[RLProblem], index: BenchmarkIndex, counts: Counts)
 
 
 # ---------------------------------------------------------------------------------------------- files
-def write_problems(path: str | os.PathLike, problems: Iterable[RLProblem]) -> None:
+def write_problems(path: str | os.PathLike, problems: Iterable[Problem]) -> None:
     """JSONL lines {"problem", "answer", "source"}; written whole or not at all (a temporary file renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for p in problems:
-            f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
+            f.write(json.dumps({"problem": p.text, "answer": p.answer, "source": p.source}, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
 
 
-def read_problems(path: str | os.PathLike) -> list[RLProblem]:
+def read_problems(path: str | os.PathLike) -> list[Problem]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no problems file {path}; make one with `rstar2 train problems SOURCE... --out {path}`")
@@ -371,7 +365,7 @@ def read_problems(path: str | os.PathLike) -> list[RLProblem]:
 
 
 @functools.lru_cache(maxsize=4)
-def _read_cached(path: str, mtime_ns: int) -> tuple[RLProblem, ...]:
+def _read_cached(path: str, mtime_ns: int) -> tuple[Problem, ...]:
     return tuple(Source(path, SCHEMAS["problems"], Path(path)).problems())
 
 
@@ -389,27 +383,8 @@ def build(specs: Iterable[str], out: str | os.PathLike, data_dir: str | os.PathL
 
 
 # ---------------------------------------------------------------------------------------------- RL stages
-GENERATORS = ("synthetic", "tooltasks")  # problem generators a stage's data may name instead of problems
-
-
-def is_problem_data(data: str | list[str]) -> bool:
-    """Does a stage's `data` name problems (files or sources) rather than a generator (synthetic,
-    synthetic:FAMILIES, tooltasks)?"""
-    if isinstance(data, str) and data.split(":")[0] in GENERATORS:
-        return False
-    return not isinstance(data, str) or ":" in data or data.endswith(".jsonl")
-
-
-def missing_local_data(data: str | list[str]) -> list[str]:
-    """The local files a stage's data names that are not there (hub sources and generators are not checked)."""
-    if not is_problem_data(data):
-        return []
-    specs = [data] if isinstance(data, str) else list(data)
-    return [str(s.path) for s in map(parse_source, specs) if s.path is not None and not s.path.exists()]
-
-
 def stage_problems(data: str | list[str], data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike
-                   ) -> list[RLProblem]:
+                   ) -> list[Problem]:
     """An RL stage's problems: a curated file as it is; sources curated once into `cache_dir` (keyed by the
     sources) and read from there after."""
     specs = [data] if isinstance(data, str) else list(data)
@@ -424,7 +399,7 @@ def stage_problems(data: str | list[str], data_dir: str | os.PathLike | None, ca
     return read_problems(cached)
 
 
-def sample(problems: list[RLProblem], size: int | None, seed: int) -> list[RLProblem]:
+def sample(problems: list[Problem], size: int | None, seed: int) -> list[Problem]:
     """`size` of them drawn with `seed` (all when size is 0 or None, or not smaller than the set)."""
     if not size or size >= len(problems):
         return problems

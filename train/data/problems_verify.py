@@ -21,7 +21,7 @@ from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.grading.math import MathGrader
 
 from .journal import Journal
-from .problems import RLProblem, read_problems, write_problems
+from .problems import Problem, read_problems, write_problems
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,11 @@ class Verifier:
             self.cfg.served_model = models.data[0].id
         return self.cfg.served_model
 
-    async def correct(self, problem: RLProblem) -> int:
+    async def correct(self, problem: Problem) -> int:
         """How many of `samples` answers reach the problem's label."""
         cfg = self.cfg
         response = await self.client.chat.completions.create(
-            model=await self.model(), messages=[{"role": "user", "content": PROMPT.format(problem=problem.problem)}],
+            model=await self.model(), messages=[{"role": "user", "content": PROMPT.format(problem=problem.text)}],
             n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens)
         if len(response.choices) != cfg.samples:
             raise DataError(f"the server answered {len(response.choices)} choices to a request for n={cfg.samples}; "
@@ -131,7 +131,7 @@ async def verify(inp: str | os.PathLike, out: str | os.PathLike, cfg: VerifyConf
         with journal:
             if not journal.rows:
                 journal.append({"settings": cfg.settings()})
-            queue: asyncio.Queue[RLProblem] = asyncio.Queue()
+            queue: asyncio.Queue[Problem] = asyncio.Queue()
             for p in todo:
                 queue.put_nowait(p)
 

@@ -47,15 +47,15 @@ class Bug:
     diagnosis: str  # what the assistant says after reading the error, before the fixed call
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ToolProblem(SynthProblem):
-    stdin: str  # the data of the question, as the program reads it
+    stdin: str  # the data in the problem's text, as the program reads it
     bugs: tuple[Bug, ...]
 
 
 @dataclass(frozen=True)
 class _Task:
-    question: str
+    text: str
     stdin: str
     code: str
     answer: int
@@ -176,16 +176,17 @@ OPENERS = ["I'll read the data from stdin in Python.", "Let me pass the data to 
 
 
 def problems(seed: int, n: int) -> list[ToolProblem]:
-    """n problems with distinct questions (a repeated draw is drawn again), the same for the same seed."""
+    """n problems with distinct texts (a repeated draw is drawn again), the same for the same seed."""
     r = random.Random(seed)
     out: list[ToolProblem] = []
     seen: set[str] = set()
     while len(out) < n:
         t = r.choice(FAMILIES)(r)
-        if t.question in seen:
+        if t.text in seen:
             continue
-        seen.add(t.question)
-        out.append(ToolProblem(f"tool-{seed}-{len(out)}", t.question, t.code, str(t.answer), t.stdin, t.bugs))
+        seen.add(t.text)
+        out.append(ToolProblem(f"tool-{seed}-{len(out)}", t.text, str(t.answer), "tooltasks", code=t.code,
+                               stdin=t.stdin, bugs=t.bugs))
     return out
 
 
@@ -202,7 +203,7 @@ def _reply(call_id: str, result: ExecResult) -> dict[str, Any]:
 
 def conversation(p: ToolProblem, opener: str, bug: Bug | None, results: list[ExecResult]) -> dict[str, Any]:
     """One chat record; `results` are the sandbox's results of the calls it makes (the bug's first, if any)."""
-    messages: list[dict[str, Any]] = [problem_message(p.question)]  # each format gives its own system turn
+    messages: list[dict[str, Any]] = [problem_message(p.text)]  # each format gives its own system turn
     codes = [bug.code, p.code] if bug else [p.code]
     texts = [opener, bug.diagnosis] if bug else [opener]
     for k, (code, text, result) in enumerate(zip(codes, texts, results, strict=True)):

@@ -108,16 +108,17 @@ class ArenaHard(Benchmark):
             if uid not in answers:
                 raise DataError(f"arena_hard: the {BASELINE} answers have none for question {uid}; use the "
                                 "benchmark's own answer file")
-            problems.append(Problem(uid, question, BASELINE, {"baseline": answers[uid], "cluster": row.get("cluster")}))
+            problems.append(Problem(uid, question, BASELINE, self.name,
+                                    meta={"baseline": answers[uid], "cluster": row.get("cluster")}))
         return problems[:limit] if limit else problems
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
-        traj = await ctx.agent([{"role": "user", "content": problem.question}], tools=[], max_turns=1,
+        traj = await ctx.agent([{"role": "user", "content": problem.text}], tools=[], max_turns=1,
                                seed=sample_seed(ctx.seed, problem.id, sample_index), problem_prefix=False)
         answer = final_text(traj.text)
-        details: dict[str, Any] = {"question": problem.question, "answer": answer, "judge": self.judge.label()}
+        details: dict[str, Any] = {"question": problem.text, "answer": answer, "judge": self.judge.label()}
         if traj.stop_reason == "engine_error":
-            return Outcome(traj, False, None, problem.gold, "engine_error", details)
+            return Outcome(traj, False, None, problem.answer, "engine_error", details)
         baseline = problem.meta["baseline"]
         games = []
         try:
@@ -125,14 +126,14 @@ class ArenaHard(Benchmark):
                 games.append(await self._game(problem, sample_index, game, a, b, answer, ctx))
         except JudgeError as e:
             traj.stop_reason, traj.error = "engine_error", f"judge: {e}"
-            return Outcome(traj, False, None, problem.gold, "judge_error", details)
+            return Outcome(traj, False, None, problem.answer, "judge_error", details)
         verdicts = [g.verdict for g in games]
         battles = prompt_battles(*verdicts)
         details |= {"games": [{"game": g.game, "model_is": "B" if g.game == 1 else "A", "verdict": g.verdict,
                                "judgment": g.text} for g in games], "battles": battles}
         won = bool(battles) and sum(battles) / len(battles) > 0.5
         reason = None if won else ("no_verdict" if not battles else "not_better")
-        return Outcome(traj, won, " / ".join(str(v) for v in verdicts), problem.gold, reason, details)
+        return Outcome(traj, won, " / ".join(str(v) for v in verdicts), problem.answer, reason, details)
 
     async def _game(self, problem: Problem, sample_index: int, game: int, answer_a: str, answer_b: str,
                     answer: str, ctx: Context) -> Judgment:
@@ -146,7 +147,7 @@ class ArenaHard(Benchmark):
             stored = await asyncio.to_thread(store.judgment, run_id, **key)
             if stored is not None:
                 return stored
-        messages = game_messages(problem.question, answer_a, answer_b)
+        messages = game_messages(problem.text, answer_a, answer_b)
         text, verdict, reply = "", None, ""
         for attempt in range(JUDGE_ATTEMPTS):
             if attempt:

@@ -200,7 +200,8 @@ class BFCLv3(Benchmark):
         if category in bfcl.MULTI_TURN:
             meta |= {"initial_config": item["initial_config"], "involved_classes": item["involved_classes"],
                      "missed_function": item.get("missed_function", {})}
-        return Problem(item["id"], first, json.dumps(item.get("ground_truth"), ensure_ascii=False), meta)
+        return Problem(item["id"], first, json.dumps(item.get("ground_truth"), ensure_ascii=False), self.name,
+                       meta=meta)
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
         _require_bfcl()
@@ -273,5 +274,5 @@ class BFCLv3(Benchmark):
     @staticmethod
     def _outcome(traj: Trajectory, check: Check, produced: Any, problem: Problem, details: dict) -> Outcome:
         reason = "engine_error" if traj.stop_reason == "engine_error" else check.error_type or None
-        return Outcome(traj, check.valid, json.dumps(produced, ensure_ascii=False), problem.gold,
+        return Outcome(traj, check.valid, json.dumps(produced, ensure_ascii=False), problem.answer,
                        None if check.valid else reason, details)

@@ -27,17 +27,17 @@ class GPQADiamond(Benchmark):
     def problem(self, row, index):
         wrong = [str(row[f"Incorrect Answer {i}"]).strip() for i in (1, 2, 3)]
         return Problem(str(row["Record ID"]), str(row["Question"]).strip(), str(row["Correct Answer"]).strip(),
-                       {"incorrect": wrong, "domain": row.get("High-level domain")})
+                       meta={"incorrect": wrong, "domain": row.get("High-level domain")})
 
     def options(self, problem: Problem, sample_index: int, seed: int) -> list[str]:
-        opts = [problem.gold, *problem.meta["incorrect"]]
+        opts = [problem.answer, *problem.meta["incorrect"]]
         random.Random(sample_seed(seed, problem.id, sample_index)).shuffle(opts)
         return opts
 
     def prompt(self, problem, sample_index, seed):
         opts = self.options(problem, sample_index, seed)
         listed = "\n".join(f"{letter}) {text}" for letter, text in zip(LETTERS, opts, strict=True))
-        return TEMPLATE.format(question=problem.question, options=listed), LETTERS[opts.index(problem.gold)]
+        return TEMPLATE.format(question=problem.text, options=listed), LETTERS[opts.index(problem.answer)]
 
     async def run(self, problem, sample_index, ctx: Context) -> Outcome:
         outcome = await super().run(problem, sample_index, ctx)

@@ -35,18 +35,18 @@ class IFEval(Benchmark):
     def problem(self, row: dict[str, Any], index: int) -> Problem:
         ids = list(row["instruction_id_list"])
         return Problem(str(row["key"]), str(row["prompt"]), json.dumps(ids),
-                       {"instruction_id_list": ids, "kwargs": kwargs_of(row)})
+                       meta={"instruction_id_list": ids, "kwargs": kwargs_of(row)})
 
     async def run(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
-        traj = await ctx.agent([{"role": "user", "content": problem.question}], tools=[], max_turns=1,
+        traj = await ctx.agent([{"role": "user", "content": problem.text}], tools=[], max_turns=1,
                                seed=sample_seed(ctx.seed, problem.id, sample_index), problem_prefix=False)
         outcome = self.grade_text(traj, problem)
-        outcome.details["question"] = problem.question
+        outcome.details["question"] = problem.text
         return outcome
 
     def grade_text(self, traj: Trajectory, problem: Problem) -> Outcome:
         response = final_text(traj.text)
-        results = check(response, problem.meta["instruction_id_list"], problem.meta["kwargs"], problem.question)
+        results = check(response, problem.meta["instruction_id_list"], problem.meta["kwargs"], problem.text)
         strict, loose = all(r.strict for r in results), all(r.loose for r in results)
         details = {"instructions": [{"id": r.instruction_id, "strict": r.strict, "loose": r.loose} for r in results],
                    "prompt_loose": loose, "checked": response}
@@ -54,7 +54,7 @@ class IFEval(Benchmark):
             None if strict else "empty_response" if not response else "instructions_not_followed")
         passed = sum(r.strict for r in results)
         return Outcome(traj, strict, f"{passed}/{len(results)} strict, {sum(r.loose for r in results)}/"
-                       f"{len(results)} loose", problem.gold, reason, details)
+                       f"{len(results)} loose", problem.answer, reason, details)
 
 
 def ifeval_scores(details: Iterable[dict[str, Any]]) -> dict[str, Any]:
