@@ -219,6 +219,7 @@ async def test_a_real_rl_step_records_the_probe_figure(tmp_path, tiny_smollm2):
     """One step of a real run on the 2-layer model (the hf engine on the learner's model, fp32), its rollouts graded
     by hand so a group is kept and the weights are pushed: the step's metrics hold the probe's figure, 0."""
     from rstar2_agent.train.config import Stage
+    from rstar2_agent.train.data.pool import draw, stage_pool
     from rstar2_agent.train.rl import RLRun
 
     cfg = tiny(tmp_path, model=tiny_smollm2, dtype="fp32", prompts_per_step=1,
@@ -227,7 +228,7 @@ async def test_a_real_rl_step_records_the_probe_figure(tmp_path, tiny_smollm2):
     try:
         await run.start()
         stage, rollouts = cfg.stages[0], run.rollouts
-        batch = await rollouts.batch(rollouts.prompts(rollouts.pool(stage), 0), 4, stage, 0)
+        batch = await rollouts.batch(draw(stage_pool(stage, cfg), cfg.prompts_per_step, cfg.seed, 0), 4, stage, 0)
         batch.groups = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in batch.groups]
         metrics = await run.learn(batch, None, None)
     finally:

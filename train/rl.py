@@ -33,6 +33,7 @@ from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import Engine
 from rstar2_agent.models import resolve_model
+from rstar2_agent.problem import Problem
 from rstar2_agent.store import Store
 
 from .config import (
@@ -44,6 +45,7 @@ from .config import (
     check_rollout_correction,
     check_staleness,
 )
+from .data.pool import draw, stage_pool
 from .learner.colocated import Colocation
 from .learner.interface import Learner
 from .learner.update import UpdateConfig, UpdateItem
@@ -54,9 +56,11 @@ from .push_check import PushChecker
 from .roc import Group, check_sizes, resample_on_correct
 from .rollout.rollouts import Batch, Graded, Rollouts, without_engine_errors
 from .rollout.start_check import check_start, start_figures
+from .rollout.storage import store_batch
 from .rollout.version_gate import lag_metrics
 from .rollout.workers import local_sandbox
 from .run_frame import RunFrame, resume_from, save_checkpoint
+from .stage_filter import filter_solved
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +106,7 @@ def check_stage_data(cfg: RLConfig) -> None:
     """A stage's local problems file that is not there stops the run before anything starts (the 14B recipe reads
     the paper's 42K, which `rstar2 train problems-paper` builds), saying how to build it and the named alternative."""
     from .data.paper_problems import missing_problems_error
-    from .data.problems import missing_local_data
+    from .data.pool import missing_local_data
 
     for i, stage in enumerate(cfg.stages, 1):
         missing = missing_local_data(stage.data)
@@ -129,7 +133,8 @@ class RLRun:
         self.state: dict[str, Any] = self.learner.load_state(last) if last else {}
         self.fmt = ChatFormat(self.learner.tokenizer, cfg.format, self.resolved.spec.chat_template)
         self.update_cfg = update_config(cfg, self.fmt.tokenizer.pad_token_id or 0)
-        self.rollouts = Rollouts(cfg, self.fmt, pool_ids=self.state.get("pool"))
+        self.rollouts = Rollouts(cfg, self.fmt)
+        self.kept: list[str] | None = self.state.get("pool")  # the problems the stage filter kept (None: all)
         self.checker = PushChecker(cfg.push_check, self.fmt)
         self.calibration: dict[str, float] = {}  # the push check's, for this process's first step's metrics
 
@@ -167,17 +172,17 @@ class RLRun:
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ one step
-    def batch(self, pool: dict[str, tuple[str, str]], stage: Stage, step: int) -> asyncio.Future[Batch]:
-        """The step's rollouts (its prompts, 2G each with RoC), generating."""
-        prompts = self.rollouts.prompts(pool, step)
-        return asyncio.ensure_future(self.rollouts.batch(prompts, self.cfg.rollouts_per_prompt, stage, step))
+    def batch(self, pool: dict[str, Problem], stage: Stage, step: int) -> asyncio.Future[Batch]:
+        """The step's rollouts (its problems drawn from the pool, 2G rollouts each with RoC), generating."""
+        problems = draw(pool, self.cfg.prompts_per_step, self.cfg.seed, step)
+        return asyncio.ensure_future(self.rollouts.batch(problems, self.cfg.rollouts_per_prompt, stage, step))
 
-    async def step(self, step: int, stage: Stage, pool: dict[str, tuple[str, str]], store: Store | None,
+    async def step(self, step: int, stage: Stage, pool: dict[str, Problem], store: Store | None,
                    run_id: int | None) -> dict[str, float]:
         """One synchronous step: the step's rollouts, then `learn` on them."""
         return await self.learn(await self.batch(pool, stage, step), store, run_id)
 
-    def launch(self, pending: dict[int, asyncio.Future], first: int, pool: dict[str, tuple[str, str]]) -> None:
+    def launch(self, pending: dict[int, asyncio.Future], first: int, pool: dict[str, Problem]) -> None:
         """Start generating the batches of steps first .. first + max_staleness that are not started yet, within
         first's stage (a stage's start waits for the previous updates: its filter and data need the current
         policy). Called when the learner's version is `first` (it has made `first` updates): so no batch is
@@ -258,12 +263,12 @@ class RLRun:
             **roc_metrics, **upd, **probe,
         }
         if store is not None:
-            await asyncio.to_thread(self.rollouts.store, store, run_id, batch)
+            await asyncio.to_thread(store_batch, store, run_id, batch, self.rollouts.grader.extraction)
         return metrics
 
     def save(self, step: int, stage_index: int) -> Path:
         return save_checkpoint(self.learner, self.cfg, "rl", step, self.resolved.spec.context_length,
-                               {"stage": stage_index, "pool": self.rollouts.pool_ids},
+                               {"stage": stage_index, "pool": self.kept},
                                answer_extraction=self.rollouts.grader.extraction)
 
     async def close(self) -> None:
@@ -313,20 +318,21 @@ async def run_rl(cfg: RLConfig, resume: bool = False,
         with RunFrame(cfg, "rl", run.learner.step, forget=forget_unsaved) as frame:
             await run.start()
             pending: dict[int, asyncio.Future] = {}  # the batches generating ahead of the learner (max_staleness)
-            pool: dict[str, tuple[str, str]] | None = None
+            pool: dict[str, Problem] | None = None
             try:
                 while run.learner.step < total:
                     step = run.learner.step
                     index, within = stage_of(cfg.stages, step)
                     stage = cfg.stages[index]
                     if within == 0:  # a stage starts (nothing of it was generated ahead: `launch` stops at stages)
-                        run.rollouts.pool_ids = None
+                        run.kept = None
                         if stage.filter_solved:
-                            await run.rollouts.filter_solved(stage, stage.filter_solved)
+                            run.kept = await filter_solved(run.rollouts, stage_pool(stage, cfg), stage,
+                                                           stage.filter_solved)
                         if stage.reset_optimizer:
                             run.learner.reset_optimizer(stage.restart_schedule)
                     if within == 0 or pool is None:
-                        pool = run.rollouts.pool(stage)
+                        pool = stage_pool(stage, cfg, run.kept)
                     t0 = time.perf_counter()
                     run.launch(pending, step, pool)
                     batch = await pending.pop(step)

@@ -28,6 +28,7 @@ import yaml
 from rstar2_agent import synthetic
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
+from rstar2_agent.problem import Problem
 
 from ..config import RLConfig, Stage
 from ..data import tool_tasks
@@ -37,7 +38,7 @@ from ..rollout.workers import local_engine, local_sandbox
 log = logging.getLogger(__name__)
 
 PROBE_STEP = -2  # the `step` of the probe's rollout keys (training steps are >= 0; the stage filter uses -1)
-GENERATORS: dict[str, Callable[[int, int], list[Any]]] = {"synthetic": synthetic.problems,
+GENERATORS: dict[str, Callable[[int, int], list[Problem]]] = {"synthetic": synthetic.problems,
                                                           "tooltasks": tool_tasks.problems}
 # per rollout: (numerator, denominator) of each probe metric; a metric is sum(numerators) / sum(denominators)
 METRICS: dict[str, Callable[[dict[str, Any]], tuple[float, float]]] = {
@@ -60,7 +61,7 @@ class ProbeSettings:
 
 
 # ---------------------------------------------------------------------------------------------- the problems
-def _generator(data: Any, where: str) -> Callable[[int, int], list[Any]]:
+def _generator(data: Any, where: str) -> Callable[[int, int], list[Problem]]:
     if not isinstance(data, str) or data not in GENERATORS:
         raise ProbeError(f"the probe draws held-out problems from a generator ({', '.join(GENERATORS)}); {where} "
                          f"trains on {data!r}: use a recipe whose stages use a generator")
@@ -75,7 +76,7 @@ def training_questions(cfg: RLConfig) -> dict[str, set[str]]:
     for i, stage in enumerate(cfg.stages):
         make = _generator(stage.data, f"stage {i}")
         problems = make(stage.data_seed, 512 if stage.data_size is None else stage.data_size)
-        out.setdefault("rl", set()).update(p.question for p in problems)
+        out.setdefault("rl", set()).update(p.text for p in problems)
     recipe = Path(cfg.model).resolve().parent / "recipe.yaml"
     if recipe.is_file():
         data = (yaml.safe_load(recipe.read_text()) or {}).get("data") or []
@@ -84,35 +85,35 @@ def training_questions(cfg: RLConfig) -> dict[str, set[str]]:
             if kind in GENERATORS and rest:
                 n, *seed = rest.split(":")
                 problems = GENERATORS[kind](int(seed[0]) if seed else 0, int(n))
-                out.setdefault("sft", set()).update(p.question for p in problems)
+                out.setdefault("sft", set()).update(p.text for p in problems)
     return out
 
 
-def check_disjoint(problems: list[tuple[str, str, str]], trained: dict[str, set[str]]) -> None:
+def check_disjoint(problems: list[Problem], trained: dict[str, set[str]]) -> None:
     """Raise ProbeError when a probe question is one the policy trained on."""
     for where, questions in trained.items():
-        overlap = [pid for pid, q, _ in problems if q in questions]
+        overlap = [p.id for p in problems if p.text in questions]
         if overlap:
             raise ProbeError(f"{len(overlap)} probe problem(s) are {where} training problems ({', '.join(overlap[:5])}"
                              f"): the probe must be held out; choose another --probe-seed")
 
 
-def probe_problems(cfg: RLConfig, settings: ProbeSettings) -> tuple[list[tuple[str, str, str]], int]:
-    """(id, question, gold) of the probe, and how many drawn problems were dropped as training questions."""
+def probe_problems(cfg: RLConfig, settings: ProbeSettings) -> tuple[list[Problem], int]:
+    """The probe's problems, and how many drawn problems were dropped as training problems."""
     last = cfg.stages[-1]
     make = _generator(last.data, "the last stage")
     trained = training_questions(cfg)
     seen = set().union(*trained.values())
     drawn = make(settings.data_seed, 4 * settings.prompts)  # the first n of a seed's draws are the same for any n
-    kept: list[tuple[str, str, str]] = []
+    kept: list[Problem] = []
     dropped = 0
     for p in drawn:
         if len(kept) == settings.prompts:
             break
-        if p.question in seen:
+        if p.text in seen:
             dropped += 1
         else:
-            kept.append((p.id, p.question, p.answer))
+            kept.append(p)
     if len(kept) < settings.prompts:
         raise ProbeError(f"only {len(kept)} of {len(drawn)} problems from seed {settings.data_seed} are not training "
                          f"problems; choose another --probe-seed")
@@ -158,21 +159,21 @@ class ProbeRun:
         await self.rollouts.engine.load_weights(state)
         self.model = model
 
-    async def probe(self, problems: list[tuple[str, str, str]], samples: int, stage: Stage, sampling_seed: int
+    async def probe(self, problems: list[Problem], samples: int, stage: Stage, sampling_seed: int
                     ) -> dict[str, Any]:
         """`samples` rollouts of every problem; per rollout what the probe metrics read."""
         t0 = time.perf_counter()  # the rollout keys: f"{sampling_seed}:{PROBE_STEP}:{id}:{k}"
         groups = await self.rollouts.groups(problems, samples, stage, PROBE_STEP, seed=sampling_seed)
         seconds = time.perf_counter() - t0
         out = []
-        for (pid, _, _), group in zip(problems, groups, strict=True):
+        for problem, group in zip(problems, groups, strict=True):
             rows = []
             for traj, reward in group:
                 s = rollout_stats(traj, reward, self.fmt)
                 rows.append({"reward": reward, "calls": s.tool_calls, "failed": s.tool_errors,
                              "tokens": traj.num_generated_tokens, "well_formed": s.well_formed_answer,
                              "stop": traj.stop_reason})
-            out.append({"id": pid, "rollouts": rows})
+            out.append({"id": problem.id, "rollouts": rows})
         return {"prompts": out, "seconds": seconds, "rollouts": len(problems) * samples}
 
 
@@ -183,12 +184,12 @@ class ProbeJob:
     sampling_seed: int
 
 
-def probe_settings(cfg: RLConfig, settings: ProbeSettings, problems: list[tuple[str, str, str]]) -> dict[str, Any]:
+def probe_settings(cfg: RLConfig, settings: ProbeSettings, problems: list[Problem]) -> dict[str, Any]:
     """What a stored probe must match to be re-used."""
     stage = cfg.stages[-1]
     return {**dataclasses.asdict(settings), "data": stage.data, "max_response_tokens": stage.max_response_tokens,
             "max_turns": stage.max_turns, "temperature": cfg.temperature, "top_p": cfg.top_p, "format": cfg.format,
-            "prompt_ids": [pid for pid, _, _ in problems]}
+            "prompt_ids": [p.id for p in problems]}
 
 
 def stored(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -202,7 +203,7 @@ def stored(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     return record
 
 
-async def run_probes(cfg: RLConfig, jobs: list[ProbeJob], problems: list[tuple[str, str, str]],
+async def run_probes(cfg: RLConfig, jobs: list[ProbeJob], problems: list[Problem],
                      settings: ProbeSettings, folder: Path,
                      on_probe: Callable[[str, dict[str, Any], bool], None] | None = None) -> dict[str, dict[str, Any]]:
     """Every job's record: read back when stored with these settings, else probed (one engine for all the jobs
