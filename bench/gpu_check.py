@@ -359,8 +359,8 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
 
     from rstar2_agent.train.learner.model import TorchLearner
     from rstar2_agent.train.learner.update import UpdateConfig, policy_update
+    from rstar2_agent.train.model_shape import from_config
     from rstar2_agent.train.plan.formulas import GIB, activations, compute_copies
-    from rstar2_agent.train.shapes import from_config
 
     dims = MEMORY_SHAPES[args.mem_shape]
     rows, seq = args.mem_rows, args.mem_tokens

@@ -103,8 +103,8 @@ async def _step(k: int, learner: Any, engine: Any, colocation: Any, info: dict[s
 
 def _plan(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """The memory plan's figures for the two phases of this step (see the module docstring for what they hold)."""
+    from rstar2_agent.train.model_shape import from_config
     from rstar2_agent.train.plan.formulas import activations, compute_copies
-    from rstar2_agent.train.shapes import from_config
 
     shape = from_config(json.loads((folder / "config.json").read_text()))
     n = shape.params()

@@ -1,5 +1,5 @@
 """The RL learner's memory (issue 33, item 2): log-probabilities and entropy from the LM head in token chunks
-(learner/head.py), micro-batches by a token budget packed without padding (learner/update.py), and activation
+(learner/chunked_head.py), micro-batches by a token budget packed without padding (learner/update.py), and activation
 checkpointing carried from the recipe to the learner. Each checked against the path it replaces on the real
 SmolLM2-135M (fp32, so the comparisons are float-tight), scaled down: chunks of a few tokens and budgets of a few
 dozen exercise the cutting a 14B learner does at 1K and 16K; and the same on two FSDP2 ranks over gloo."""
@@ -155,7 +155,7 @@ def test_the_backward_keeps_no_full_vocabulary_tensor(tiny_learner):
 
 
 def test_chunked_logprobs_refuse_a_head_that_is_not_a_linear():
-    from rstar2_agent.train.learner.head import install
+    from rstar2_agent.train.learner.chunked_head import install
 
     class Odd(torch.nn.Module):
         def get_output_embeddings(self):

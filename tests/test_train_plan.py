@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from rstar2_agent.train import recipe as recipes
 from rstar2_agent.train.config import RLConfig, SFTConfig
+from rstar2_agent.train.model_shape import KNOWN, from_config, model_shape
 from rstar2_agent.train.plan import check_before_run, plan_rl, plan_sft
 from rstar2_agent.train.plan.formulas import (
     VLLM_ASLEEP_GIB,
@@ -26,7 +27,6 @@ from rstar2_agent.train.plan.formulas import (
 )
 from rstar2_agent.train.plan.records import render
 from rstar2_agent.train.rehearsal import check_chain
-from rstar2_agent.train.shapes import KNOWN, from_config, model_shape
 from rstar2_agent.train.train_commands import train_group
 
 ROOT = Path(__file__).resolve().parents[1]

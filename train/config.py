@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-LOGPROB_CHUNK_TOKENS = 1024  # the LM head's token chunk (learner/head.py): at Qwen3's vocabulary ~2 GB of temporaries
+LOGPROB_CHUNK_TOKENS = 1024  # the LM head's token chunk (learner/chunked_head.py): ~2 GB of temporaries at Qwen3's
 GROUP_TIMEOUT_S = 600.0  # the learner group's collectives (torch's NCCL default); checkpoints wait on their own group
 EXPORT_DTYPES = ("fp32", "bf16")  # a checkpoint's HF export (learner/checkpoint.py)
 DISTRIBUTED = ("none", "ray")
@@ -212,8 +212,8 @@ class RLConfig:
     # tokens per forward pass: trajectories packed without padding up to this budget (0: micro_batch trajectories,
     # right-padded to the longest); the learner's activation memory follows it, not the longest rollout
     micro_batch_tokens: int = 0
-    # the LM head's token chunk for the logprobs and entropy (learner/head.py: no full-vocabulary fp32 logits kept for
-    # the backward); 0: the full logits
+    # the LM head's token chunk for the logprobs and entropy (learner/chunked_head.py: no full-vocabulary fp32 logits
+    # kept for the backward); 0: the full logits
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (the learner's memory)
     # the memory plan (train/plan/) runs before a GPU run and refuses a recipe that cannot fit: the GPUs' memory in

@@ -125,11 +125,11 @@ def plan_cmd(recipe, gpus, gpu_memory_gib, prompt_tokens, logits_chunk, receive,
 
     from . import recipe as recipes
     from .config import RLConfig, SFTConfig
+    from .model_shape import ShapeError, model_shape
     from .plan import plan_rl, plan_sft
     from .plan.formulas import PROMPT_TOKENS, PlanError
     from .plan.planner import gpu_memory_here
     from .plan.records import render, to_json
-    from .shapes import ShapeError, model_shape
 
     try:
         raw = yaml.safe_load(recipes.find_recipe(recipe).read_text()) or {}

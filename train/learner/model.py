@@ -21,7 +21,7 @@ import torch
 
 from ..config import GROUP_TIMEOUT_S, CheckpointConfig, OptimConfig
 from . import checkpoint as ckpt
-from .head import install as install_head
+from .chunked_head import install as install_head
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def load_model(model_path: str, device: torch.device, *, rank: int, world: int, 
 
     if world == 1:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        install_head(model)  # before FSDP shards it: see head.py
+        install_head(model)  # before FSDP shards it: see chunked_head.py
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if sharded:
@@ -124,7 +124,7 @@ class TorchLearner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = load_model(model_path, self.device, rank=self.rank, world=self.world, sharded=self.sharded,
                                 bf16=self.bf16, gradient_checkpointing=gradient_checkpointing)
-        self.head = install_head(self.model)  # installed before FSDP sharded it (load_model): see head.py
+        self.head = install_head(self.model)  # installed before FSDP sharded it (load_model): see chunked_head.py
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0
@@ -179,7 +179,7 @@ class TorchLearner:
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's logprob of the next input token under softmax(logits / temperature) and that
         distribution's entropy, [batch, width - 1] each, the head `chunk` tokens at a time inside the model's forward
-        (head.py): no full-vocabulary logits."""
+        (chunked_head.py): no full-vocabulary logits."""
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
         with (torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded),
               self.head.targets(batch["input_ids"][:, 1:], temperature, chunk)):

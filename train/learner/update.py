@@ -175,8 +175,8 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 def forward_logprobs(learner: TorchLearner, batch: dict[str, torch.Tensor], temperature: float, chunk: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each position's logprob of the next token under softmax(logits / T) and the entropy there, [batch, width - 1]
-    each (position t holds token t + 1): the LM head `chunk` tokens at a time (head.py), or with `chunk` 0 from the
-    full-vocabulary fp32 logits."""
+    each (position t holds token t + 1): the LM head `chunk` tokens at a time (chunked_head.py), or with `chunk` 0
+    from the full-vocabulary fp32 logits."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if chunk:
         return learner.chunked_logprobs(inputs, temperature, chunk)

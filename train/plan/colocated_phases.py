@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..shapes import Shape
+from ..model_shape import Shape
 from .formulas import (
     DEFAULT_UTILIZATION,
     FRAGMENTATION,

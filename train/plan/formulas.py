@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..shapes import Shape
+from ..model_shape import Shape
 
 GIB = 2**30
 

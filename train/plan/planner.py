@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..shapes import Shape, ShapeError, model_shape
+from ..model_shape import Shape, ShapeError, model_shape
 from .colocated_phases import colocated_advice, colocated_phases, is_colocated, node_host_memory
 from .formulas import (
     DEFAULT_UTILIZATION,

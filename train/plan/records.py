@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..shapes import Shape
+from ..model_shape import Shape
 
 
 @dataclass
