@@ -115,25 +115,6 @@ class ProgressWatch(Engine):
         log.error(msg)
         return EngineStalled(msg)
 
-    async def load_weights(self, state_dict: dict[str, Any]) -> None:
-        await self.inner.load_weights(state_dict)
-
-    @property
-    def compute_dtype(self) -> str | None:  # type: ignore[override]
-        return getattr(self.inner, "compute_dtype", None)
-
-    async def score(self, ids: list[int], start: int) -> list[float]:
-        return await self.inner.score(ids, start)
-
-    async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
-        return await self.inner.score_each(ids, start)
-
-    async def sleep(self, level: int = 1) -> None:
-        await self.inner.sleep(level)
-
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self.inner.wake_up(tags)
-
     async def close(self) -> None:
         if hasattr(self.inner, "close"):
             await self.inner.close()

@@ -2,12 +2,11 @@
 dtypes' constants uncalibrated); after a real push the engine and the learner score the probe alike (an hf engine on
 its own weights, the hf engine sharing the learner's model, a replica pool, vLLM in this process); a no-op, a half
 and a healthy push are told apart at that push by the move; an engine on other weights is refused before any
-update; an engine that cannot score is skipped with one warning; and the figures are in a real RL run. The 2-layer
+update; an engine that cannot be trained is refused by name; and the figures are in a real RL run. The 2-layer
 SmolLM2 (conftest's tiny_smollm2) where the numbers are the machinery's; vLLM against SmolLM2 for the bf16 figure."""
 
 from __future__ import annotations
 
-import logging
 import re
 
 import pytest
@@ -167,27 +166,27 @@ async def test_a_pool_checks_every_replica_and_names_the_stale_one(tiny_smollm2)
     assert (await checker.check(pool, model, 1))["push_probe_max_abs_diff"] < 1e-5
 
 
-async def test_an_engine_that_cannot_score_is_skipped_with_one_warning(tiny_smollm2, caplog):
+async def test_an_engine_that_cannot_be_trained_is_refused_by_name_before_the_run_loads(tiny_smollm2):
+    """A remote server scores nothing, sleeps not and takes no weights: the run refuses it (alone, or as a replica
+    of a pool) before it loads a model, naming it and what to give instead; a disabled check looks at nothing."""
+    from rstar2_agent.engines.base import EngineError, trainable
     from rstar2_agent.engines.openai import OpenAIEngine
-    from rstar2_agent.train import push_check
+    from rstar2_agent.engines.replicas import ReplicaPool
+    from rstar2_agent.train.config import RLConfig
+    from rstar2_agent.train.rl import RLRun
 
-    push_check._warn_cannot_score.cache_clear()
     model = learner(tiny_smollm2, lr=1e-2)
-    fmt = ChatFormat(model.tokenizer, "markdown")
+    engine = HFEngine(tiny_smollm2, context_length=2048)
     remote = OpenAIEngine("http://127.0.0.1:9", tokenizer=model.tokenizer, context_length=2048)
     try:
-        with caplog.at_level(logging.WARNING, logger="rstar2_agent.train.push_check"):
-            checker = PushChecker(CHECK, fmt)
-            assert await checker.calibrate(remote, model) == {}
-            assert await checker.check(remote, model, 1) == {}
+        for given in (remote, ReplicaPool([engine, remote])):
+            with pytest.raises(EngineError, match=r"the openai engine cannot be trained: .*\(rollout_engine: hf or"):
+                RLRun(RLConfig(model="no-such-model"), engine=given)
+        assert trainable(ReplicaPool([engine, engine])).untrainable() == []
+        off = PushChecker(PushCheck(enabled=False), ChatFormat(model.tokenizer, "markdown"))
+        assert await off.calibrate(engine, model) == {} and await off.check(engine, model, 1) == {}
     finally:
         await remote.close()
-    assert [r.message for r in caplog.records].count(
-        "the openai rollout engine cannot score a sequence (a remote server): weight pushes are not checked, and no "
-        "push_probe figure is recorded") == 1
-    off = PushChecker(PushCheck(enabled=False), fmt)
-    engine = HFEngine(tiny_smollm2, context_length=2048)
-    assert await off.calibrate(engine, model) == {} and await off.check(engine, model, 1) == {}
 
 
 @pytest.mark.slow

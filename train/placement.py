@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from rstar2_agent.engines import Engine
+from rstar2_agent.engines.base import TrainableEngine
 from rstar2_agent.models import ResolvedModel
 from rstar2_agent.sandbox import Sandbox
 
@@ -31,7 +31,7 @@ class Placement(Protocol):
         """The learner, holding the weights at `model_path`, for a run of `total_steps` optimizer steps."""
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
-                      ) -> tuple[Engine, Sandbox]:
+                      ) -> tuple[TrainableEngine, Sandbox]:
         """The rollout engine and the sandbox (not yet started); `learner` may share its weights with the engine;
         `transfer`: vLLM's weight transfer its workers hold, as the weight push chose (train/push)."""
 
@@ -53,7 +53,7 @@ class LocalPlacement:
                             checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
-                      ) -> tuple[Engine, Sandbox]:
+                      ) -> tuple[TrainableEngine, Sandbox]:
         # the hf engine runs on the learner's model, unless colocated: then on weights of its own, which sleep
         shared = learner if self.cfg.rollout_engine == "hf" and self.cfg.placement != "colocated" else None
         return await local_engine(self.cfg, resolved, shared, transfer), local_sandbox(self.cfg)
@@ -71,7 +71,7 @@ class RayPlacement:
                             colocated=self.cfg.placement == "colocated")
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
-                      ) -> tuple[Engine, Sandbox]:
+                      ) -> tuple[TrainableEngine, Sandbox]:
         bundles = getattr(learner, "placement", None) if self.cfg.placement == "colocated" else None
         return await start_rollout(self.cfg.ray, resolved.path, resolved.spec.context_length,
                                    max(s.max_response_tokens for s in self.cfg.stages), bundles=bundles,

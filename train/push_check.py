@@ -10,16 +10,16 @@ tokens that differ each step; the probe is the same ids every step, so its figur
 The probe: the chat format's rendering of one fixed math problem (`PROBE_PROBLEM`), then the first
 `probe_tokens` tokens of a fixed response (`PROBE_RESPONSE`, repeated if it is short). Scored are the response
 tokens, each given its whole prefix (teacher-forced), at temperature 1 with no top-p: the model's own
-distribution, the one the update's logprobs use. The engine's side is `Engine.score_each` (vLLM: prompt logprobs
-of a one-token request; hf: one forward pass; a Ray pool: every rollout worker, since the push reaches each one),
-the learner's `Learner.score` (the update's own forward path; under FSDP every rank takes part, rank 0's result
+distribution, the one the update's logprobs use. The engine's side is `TrainableEngine.score_each` (vLLM: prompt
+logprobs of a one-token request; hf: one forward pass; a Ray pool: every rollout worker, since the push reaches each
+one), the learner's `Learner.score` (the update's own forward path; under FSDP every rank takes part, rank 0's result
 is used). Per push the step records `push_probe_max_abs_diff`, the largest |engine - learner| logprob over the
 probe's tokens (and over the replicas), `push_probe_mean_abs_diff` and `push_probe_s` (the check's seconds, not
 in `time_weight_sync`: it runs after the push, once a colocated engine's KV cache is awake again; a step that kept
 nothing pushes nothing and records no figure). The hf engine on the learner's own model (one process,
 `rollout_engine: hf`) needs no push, and is still checked: its figure (0 with an fp32 learner) shows the shared
-path holds. An engine that cannot score (a remote OpenAI-compatible server) is not checked: one warning, and no
-figure recorded.
+path holds. An engine that cannot score (a remote OpenAI-compatible server) cannot be trained: the run refuses it
+before it starts (engines/base.py `trainable`).
 
 Calibration (`PushChecker.calibrate`, at the start of every run and every resume, before any update): the engine
 and the learner hold the same weights, so their scores differ by numerics only. That gap, recorded as
@@ -54,7 +54,6 @@ int4) or turn the check off: `push_check: {bound: 2.0}`, `push_check: {enabled: 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -62,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.engines.base import Engine
+from rstar2_agent.engines.base import TrainableEngine
 
 from .config import PushCheck
 
@@ -136,12 +135,6 @@ def move(engine_now: list[float], engine_then: list[float], learner_now: list[fl
                 norm([a - b for a, b in zip(em, lm, strict=True)]) / math.sqrt(size))
 
 
-@functools.cache
-def _warn_cannot_score(engine_name: str) -> None:
-    log.warning("the %s rollout engine cannot score a sequence (a remote server): weight pushes are not checked, "
-                "and no push_probe figure is recorded", engine_name)
-
-
 @dataclass
 class Scores:
     """The probe's scores on every replica of the engine and on the learner, at one moment."""
@@ -166,26 +159,21 @@ class PushChecker:
         self.anchor: Scores | None = None
         self.noise = 0.0
 
-    async def scores(self, engine: Engine, learner: Any) -> Scores | None:
-        try:
-            replicas = await engine.score_each(self.ids, self.start)
-        except NotImplementedError:
-            _warn_cannot_score(getattr(engine, "name", type(engine).__name__))
-            return None
+    async def scores(self, engine: TrainableEngine, learner: Any) -> Scores:
+        replicas = await engine.score_each(self.ids, self.start)
         theirs = await asyncio.to_thread(learner.score, self.ids, self.start)
         for scores in replicas:
             abs_diffs(scores, theirs)
         return Scores(replicas, theirs)
 
-    async def look(self, engine: Engine, learner: Any) -> tuple[Scores, list[list[float]]] | None:
-        """The scores now and each replica's |engine - learner| per token; None when the check is off or the
-        engine cannot score."""
+    async def look(self, engine: TrainableEngine, learner: Any) -> tuple[Scores, list[list[float]]] | None:
+        """The scores now and each replica's |engine - learner| per token; None when the check is off."""
         if not self.cfg.enabled:
             return None
         now = await self.scores(engine, learner)
-        return None if now is None else (now, [abs_diffs(r, now.learner) for r in now.replicas])
+        return now, [abs_diffs(r, now.learner) for r in now.replicas]
 
-    async def calibrate(self, engine: Engine, learner: Any) -> dict[str, float]:
+    async def calibrate(self, engine: TrainableEngine, learner: Any) -> dict[str, float]:
         """Before any update: the gap of two copies of the same weights sets the bound (unless the recipe gives
         one) and the move's noise. Raises PushCheckError when they are not the same weights (a mean gap over
         MISMATCH_MEAN: another model, tokenizer or checkpoint)."""
@@ -208,7 +196,7 @@ class PushChecker:
         return {"push_probe_calibration_max_abs_diff": worst, "push_probe_calibration_mean_abs_diff": mean,
                 "push_probe_bound": self.bound, "push_probe_calibration_s": time.perf_counter() - t0}
 
-    async def check(self, engine: Engine, learner: Any, step: int) -> dict[str, float]:
+    async def check(self, engine: TrainableEngine, learner: Any, step: int) -> dict[str, float]:
         """Score the probe after the push of update `step`; the figures for the step's metrics ({} when the check
         is off or the engine cannot score). Raises PushCheckError past the bound or on a missed move."""
         t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Any
 
 from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.engines.base import Engine
+from rstar2_agent.engines.base import Engine, TrainableEngine, trainable
 from rstar2_agent.models import resolve_model
 from rstar2_agent.problem import Problem
 from rstar2_agent.store import Store
@@ -117,16 +117,19 @@ def check_stage_data(cfg: RLConfig) -> None:
 class RLRun:
     """One RL run: the learner (where it runs: `choose_placement`) and the rollouts (engine, sandbox, format,
     grader), and the step that joins them (`learn`). `engine`: a rollout engine the caller started and stops (the
-    tests share one), used instead of the placement's."""
+    tests share one), used instead of the placement's: one training can drive (hf, vllm: `trainable`), else refused
+    here, before anything loads."""
 
     def __init__(self, cfg: RLConfig, resume: bool = False, engine: Engine | None = None):
+        given = trainable(engine) if engine is not None else None
         self.choice = check_recipe(cfg)
         where = choose_placement(cfg)
         if cfg.rollout_correction == "auto":
             cfg = dataclasses.replace(cfg, rollout_correction="tis" if cfg.max_staleness else "none")
         self.push = make_push(self.choice, cfg.distributed, cfg.ray.weight_bucket_mb)
-        self.cfg, self.placement, self.given_engine = cfg, where, engine
+        self.cfg, self.placement, self.given_engine = cfg, where, given
         self.colocation: Colocation | None = None
+        self.engine: TrainableEngine | None = None  # the rollout engine, from `start`
         last = resume_from(cfg.out, resume)
         self.resolved = resolve_model(str(last) if last else cfg.model)
         self.learner: Learner = where.learner(self.resolved.path, sum(s.steps for s in cfg.stages))
@@ -144,6 +147,7 @@ class RLRun:
             engine, sandbox = self.given_engine, local_sandbox(self.cfg)
         else:
             engine, sandbox = await self.placement.rollout(self.resolved, self.learner, self.choice.engine_transfer)
+        self.engine = engine
         self.rollouts.attach(engine, sandbox, version=self.learner.step, owns_engine=self.given_engine is None)
         # colocated: the engine sleeps through each update (learner/colocated.py)
         self.colocation = Colocation(engine, self.cfg.sleep_level, release=self.learner.release_memory) \
@@ -164,7 +168,7 @@ class RLRun:
         """Push the new weights to the rollout engine (the recipe's `weight_push`, chosen once: train/push); seconds
         taken (~0 with the hf engine: shared weights)."""
         t0 = time.perf_counter()
-        push = functools.partial(self.push.push, self.learner, self.rollouts.engine)
+        push = functools.partial(self.push.push, self.learner, self.engine)
         if self.colocation is not None:  # its weights woken first
             await self.colocation.push(push)
         else:
@@ -254,7 +258,7 @@ class RLRun:
         if self.colocation is not None:
             await self.colocation.wake()
         # the push checked, the engine awake: the probe's figures (push_check.py)
-        probe = await self.checker.check(self.rollouts.engine, self.learner, self.learner.step) if kept else {}
+        probe = await self.checker.check(self.engine, self.learner, self.learner.step) if kept else {}
         metrics = {
             **self.rollouts.metrics(batch, stats, kept),
             "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,

@@ -59,7 +59,8 @@ OnTokens = Callable[[list[int], list[float]], None]  # new ids and their logprob
 
 
 class Engine(abc.ABC):
-    """`generate` is safe to call from many coroutines at once; engines batch what arrives together.
+    """The inference interface every face uses. `generate` is safe to call from many coroutines at once; engines
+    batch what arrives together.
 
     Optional capabilities, with their defaults here (a replica pool reads them): `kv_capacity`, the KV cache
     tokens the engine holds when it knows them (vLLM); `max_batch`, the most requests it decodes together
@@ -67,8 +68,8 @@ class Engine(abc.ABC):
     `probe()`, which a remote engine uses to learn its context length and KV capacity before the first request;
     `stats()`, load figures for /health; `streams`, whether `on_tokens` hears tokens as they are produced (a
     watchdog can only judge progress where it does); `constrains`, whether it honours `SamplingParams.constraint`
-    (guided decoding: vllm in this process; the others refuse a constraint with EngineError); `score()`, the
-    teacher-forced logprobs of a sequence, computed in `compute_dtype` (hf, vllm, the Ray proxy, a pool)."""
+    (guided decoding: vllm in this process; the others refuse a constraint with EngineError). What training asks
+    of an engine beyond this is `TrainableEngine`'s."""
 
     name: str = "engine"
     tokenizer: Any
@@ -79,7 +80,6 @@ class Engine(abc.ABC):
     endpoint: str | None = None
     streams: bool = True
     constrains: bool = False
-    compute_dtype: str | None = None  # what `score` computes in: "fp32", "bf16", "fp16" (dtype_name); None: unknown
 
     async def probe(self) -> None:  # noqa: B027 - optional: local engines know their limits at construction
         pass
@@ -92,30 +92,49 @@ class Engine(abc.ABC):
                        on_tokens: OnTokens | None = None) -> Generation:
         """Generate one continuation. `on_tokens` receives new ids and logprobs as produced (streaming)."""
 
+    async def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class TrainableEngine(Engine):
+    """An engine that training can drive beyond generating: it sleeps while a learner on the same GPU updates,
+    scores a sequence for the checked push, and loads new weights. vllm and hf are, and so are a replica pool over
+    such engines and the Ray proxy (train/rollout/ray_engine.py); a remote server (openai) is not. Only training
+    asks for one (`trainable`). `compute_dtype`: what `score` computes in ("fp32", "bf16", "fp16": dtype_name;
+    None: unknown)."""
+
+    compute_dtype: str | None = None
+
+    @abc.abstractmethod
     async def sleep(self, level: int = 1) -> None:
         """Free the accelerator memory the engine holds between generations, for a learner on the same GPU (the
         colocated placement): level 1 keeps the weights in host memory and drops the KV cache, level 2 drops both
         (the next push brings the weights). No generation may be in flight."""
-        raise EngineError(f"the {self.name} engine cannot sleep: a colocated placement needs the vllm or hf engine")
 
+    @abc.abstractmethod
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Back from `sleep`: `["weights"]` (what a push writes into), then `["kv_cache"]`; None: both."""
-        raise EngineError(f"the {self.name} engine cannot sleep: a colocated placement needs the vllm or hf engine")
 
+    @abc.abstractmethod
     async def score(self, ids: list[int], start: int) -> list[float]:
         """Teacher-forced logprobs of `ids[start:]`, each token given its prefix, at temperature 1 with no top-p
         (the model's own distribution): what the RL step's checked weight push (train/push_check.py) compares with
-        the learner's. `start` >= 1. An engine that cannot score (a remote server) raises NotImplementedError."""
-        raise NotImplementedError(f"the {self.name} engine cannot score a sequence")
+        the learner's. `start` >= 1."""
 
     async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
         """`score` on every copy of the weights this engine holds: one list here, one per replica in a pool (a push
         reaches every replica, so a check reads every one)."""
         return [await self.score(ids, start)]
 
+    @abc.abstractmethod
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
         """Swap in new weights (the trainer calls this after each update)."""
-        raise NotImplementedError(f"the {self.name} engine cannot load new weights")
 
     async def load_weight_parts(self, parts: AsyncIterable[dict[str, Any]]) -> None:
         """Swap in new weights that arrive in parts (a collective push hands each received bucket on before it
@@ -126,11 +145,18 @@ class Engine(abc.ABC):
             state.update(part)
         await self.load_weights(state)
 
-    async def close(self) -> None:  # noqa: B027 - optional
-        pass
+    def untrainable(self) -> list[str]:
+        """The engines inside this one that training cannot drive (a replica pool's replicas); empty: none."""
+        return []
 
-    async def __aenter__(self) -> Engine:
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+def trainable(engine: Engine) -> TrainableEngine:
+    """`engine` as training drives it, or an EngineError naming it (or the replica in it) that cannot be trained."""
+    names = engine.untrainable() if isinstance(engine, TrainableEngine) else [getattr(engine, "name", "?")]
+    if not names:
+        return engine  # type: ignore[return-value]
+    raise EngineError(
+        f"the {', '.join(sorted(set(names)))} engine cannot be trained: an RL run sleeps its rollout engine, scores "
+        "with it and loads new weights into it, which a remote server does not take. Give the run an hf or vllm "
+        "engine (rollout_engine: hf or vllm; distributed: ray for engines on other machines), or none to start the "
+        "recipe's")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
+from .base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class _Request:
     stop_text: str | None = None
 
 
-class HFEngine(Engine):
+class HFEngine(TrainableEngine):
     name = "hf"
 
     def __init__(self, model_path: str, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -133,8 +133,8 @@ class HFEngine(Engine):
         return dtype_name(next(self.model.parameters()).dtype)
 
     async def score(self, ids: list[int], start: int) -> list[float]:
-        """Teacher-forced logprobs of `ids[start:]` at temperature 1 (see Engine.score): one forward pass over the
-        whole sequence, under the weights lock (never while a push loads, nor beside a batch's decoding)."""
+        """Teacher-forced logprobs of `ids[start:]` at temperature 1 (see TrainableEngine.score): one forward pass over
+        the whole sequence, under the weights lock (never while a push loads, nor beside a batch's decoding)."""
         if not 1 <= start < len(ids) or len(ids) > self.context_length:
             raise EngineError(f"score needs 1 <= start < {len(ids)} tokens within the context "
                               f"({self.context_length}), not start {start}")

@@ -38,7 +38,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, trainable
 from .placement import POLICIES, LengthModel, Load, Placement, grow, pick
 from .scope import current_trajectory, trajectory_scope
 
@@ -51,8 +51,9 @@ def _setting(name: str) -> property:
     return property(lambda self: getattr(self.placement, name), lambda self, v: setattr(self.placement, name, v))
 
 
-class ReplicaPool(Engine):
-    """An Engine that spreads trajectories over `engines` (any Engine: hf, vllm, openai, a Ray actor's proxy).
+class ReplicaPool(TrainableEngine):
+    """An Engine that spreads trajectories over `engines` (any Engine: hf, vllm, openai, a Ray actor's proxy). It
+    trains (sleep, score, load weights on every replica) where every replica does (`untrainable`).
 
     `max_response_tokens`: the most a trajectory may add after its prompt (the agent's budget; default: the
     whole context). kv_aware reserves (see the module docstring):
@@ -182,29 +183,37 @@ class ReplicaPool(Engine):
                 "replicas": [{"engine": e.name, **dataclasses.asdict(load)}
                              for e, load in zip(self.engines, self.loads, strict=True)]}
 
+    # ------------------------------------------------------------------ training, on every replica
+    def untrainable(self) -> list[str]:
+        return [n for e in self.engines
+                for n in (e.untrainable() if isinstance(e, TrainableEngine) else [e.name])]
+
+    def _replicas(self) -> list[TrainableEngine]:
+        return [trainable(e) for e in self.engines]
+
     async def load_weights(self, state_dict: dict[str, Any]) -> None:
-        await asyncio.gather(*(e.load_weights(state_dict) for e in self.engines))
+        await asyncio.gather(*(e.load_weights(state_dict) for e in self._replicas()))
 
     @property
     def compute_dtype(self) -> str | None:  # type: ignore[override]
         """fp32 when every replica computes in fp32; else the first other (None: unknown)."""
-        kinds = [e.compute_dtype for e in self.engines]
+        kinds = [getattr(e, "compute_dtype", None) for e in self.engines]
         return next((k for k in kinds if k != "fp32"), "fp32")
 
     async def score(self, ids: list[int], start: int) -> list[float]:
         """The first replica's scores (they all hold the same weights; `score_each` asks every one)."""
-        return await self.engines[0].score(ids, start)
+        return await self._replicas()[0].score(ids, start)
 
     async def score_each(self, ids: list[int], start: int) -> list[list[float]]:
         """Every replica's scores, in replica order (a push reaches every one: a check reads every one)."""
-        parts = await asyncio.gather(*(e.score_each(ids, start) for e in self.engines))
+        parts = await asyncio.gather(*(e.score_each(ids, start) for e in self._replicas()))
         return [scores for part in parts for scores in part]
 
     async def sleep(self, level: int = 1) -> None:
-        await asyncio.gather(*(e.sleep(level) for e in self.engines))
+        await asyncio.gather(*(e.sleep(level) for e in self._replicas()))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        await asyncio.gather(*(e.wake_up(tags) for e in self.engines))
+        await asyncio.gather(*(e.wake_up(tags) for e in self._replicas()))
 
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines))

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from .. import devices, processes
-from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, dtype_name
+from .base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, dtype_name
 from .vllm_transfer import transfer_config
 from .weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
@@ -116,7 +116,7 @@ def structured_outputs(constraint: dict[str, Any] | None) -> Any:
     return StructuredOutputsParams(**{key: value})
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(TrainableEngine):
     name = "vllm"
     constrains = True
 
@@ -246,9 +246,9 @@ class VLLMEngine(Engine):
         return dtype_name(self.weights_dtype)
 
     async def score(self, ids: list[int], start: int) -> list[float]:
-        """Teacher-forced logprobs of `ids[start:]` (see Engine.score), as vLLM's prompt logprobs of a one-token
-        request: with `prompt_logprobs=0` each prompt position i >= 1 holds exactly the logprob of prompt token i
-        given ids[:i] (vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`: log-softmax of the raw
+        """Teacher-forced logprobs of `ids[start:]` (see TrainableEngine.score), as vLLM's prompt logprobs of a
+        one-token request: with `prompt_logprobs=0` each prompt position i >= 1 holds exactly the logprob of prompt
+        token i given ids[:i] (vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`: log-softmax of the raw
         logits, no temperature or top-p, whatever the logprobs mode; vllm/v1/engine/logprobs.py puts None at
         position 0). The request skips the prefix cache (vLLM sets skip_reading_prefix_cache for it), so every
         position is computed by this request's own forward pass."""

@@ -138,7 +138,7 @@ class ProbeRun:
         self.model = self.resolved.path
 
     async def start(self) -> None:
-        engine = await local_engine(self.cfg, self.resolved)
+        self.engine = engine = await local_engine(self.cfg, self.resolved)
         sandbox = local_sandbox(self.cfg)
         self.rollouts.attach(engine, sandbox)
         await sandbox.start()
@@ -156,7 +156,7 @@ class ProbeRun:
         if not files:
             raise ProbeError(f"{model} has no .safetensors weights to probe")
         state = {k: v for f in files for k, v in load_file(str(f)).items()}
-        await self.rollouts.engine.load_weights(state)
+        await self.engine.load_weights(state)
         self.model = model
 
     async def probe(self, problems: list[Problem], samples: int, stage: Stage, sampling_seed: int

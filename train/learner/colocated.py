@@ -32,14 +32,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from rstar2_agent.engines.base import Engine
+from rstar2_agent.engines.base import TrainableEngine
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Colocation:
-    engine: Engine
+    engine: TrainableEngine
     level: int = 1
     # the learner's cached accelerator memory back to the GPU after the update, before the engine wakes (else the
     # update's peak stays reserved beside vLLM's KV cache: the memory plan's rollout phase assumes it is released)

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any
 
-from rstar2_agent.engines.base import Engine, EngineError, Generation, OnTokens, SamplingParams
+from rstar2_agent.engines.base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, trainable
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class EngineActor:
 
     def __init__(self, kind: str, model_path: str, context_length: int, options: dict[str, Any]):
         self.kind, self.model_path, self.context_length, self.options = kind, model_path, context_length, options
-        self.engine: Engine | None = None
+        self.engine: TrainableEngine | None = None
         self.group: Any = None  # a weight_sync.WeightGroup while in one
 
     async def start(self) -> dict[str, Any]:
@@ -50,7 +50,8 @@ class EngineActor:
             import torch
 
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.engine = make_engine(self.kind, self.model_path, context_length=self.context_length, **self.options)
+        self.engine = trainable(make_engine(self.kind, self.model_path, context_length=self.context_length,
+                                           **self.options))
         return {"context_length": self.engine.context_length, "kv_capacity": self.engine.kv_capacity,
                 "max_batch": self.engine.max_batch, "compute_dtype": self.engine.compute_dtype}
 
@@ -156,7 +157,7 @@ class EngineActor:
             self.engine = None
 
 
-class RayEngine(Engine):
+class RayEngine(TrainableEngine):
     """An Engine whose generations run in a Ray actor (see the module docstring)."""
 
     name = "ray"
@@ -251,7 +252,8 @@ class RayEngine(Engine):
             await self.replace(incarnation, e)
 
     async def score(self, ids: list[int], start: int) -> list[float]:
-        """The actor's engine scores (Engine.score); a replacement actor scores with the weights it was given."""
+        """The actor's engine scores (TrainableEngine.score); a replacement actor scores with the weights it was
+        given."""
         return await self._call("score", list(ids), start)
 
     async def sleep(self, level: int = 1) -> None:
@@ -324,7 +326,7 @@ async def start_ray_engines(kind: str, model_path: str, n: int, *, context_lengt
             for i, (a, info) in enumerate(zip(actors, infos, strict=True))]
 
 
-def ray_workers(engine: Engine) -> list[RayEngine]:
+def ray_workers(engine: TrainableEngine) -> list[RayEngine]:
     """The Ray rollout workers behind `engine` (a RayEngine, or a ReplicaPool of them)."""
     workers = getattr(engine, "engines", [engine])
     if not workers or not all(isinstance(w, RayEngine) for w in workers):

@@ -182,9 +182,6 @@ class VersionGate(Engine):
     def stats(self) -> dict[str, Any]:
         return self.inner.stats()
 
-    async def load_weights(self, state_dict: dict[str, Any]) -> None:
-        await self.inner.load_weights(state_dict)
-
     async def close(self) -> None:
         await self.inner.close()
 
