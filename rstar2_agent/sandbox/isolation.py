@@ -24,9 +24,9 @@ from .types import SandboxError
 
 log = logging.getLogger(__name__)
 
-RUNNER = Path(__file__).with_name("runner.py")
+PROGRAM = Path(__file__).with_name("inside")  # the program run inside the sandbox: `python -I -S PROGRAM MODE DIR`
 LAUNCHER = Path(__file__).with_name("launcher.py")
-SANDBOX_RUNNER = "/opt/rstar2/runner.py"
+SANDBOX_PROGRAM = "/opt/rstar2/inside"
 INSTALL_HINT = (
     "The sandbox needs bubblewrap for isolation. Install it (Debian/Ubuntu: `apt-get install bubblewrap`, "
     "Fedora: `dnf install bubblewrap`) or, only on a machine where running untrusted code unisolated is "
@@ -186,7 +186,7 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
         scratch = tempfile.mkdtemp(prefix="rstar2-sandbox-")
         extra = packages + pythonpath_dirs()
         env.update(HOME=scratch, TMPDIR=scratch, RSTAR2_SANDBOX_PATH=os.pathsep.join(extra))
-        argv = [python_binary(), "-I", "-S", str(RUNNER), mode, scratch]
+        argv = [python_binary(), "-I", "-S", str(PROGRAM), mode, scratch]
         return Launch(_launcher(joins, None, []) + argv if joins else argv, env, scratch)
     exe = bwrap_path(bwrap)
     if exe is None:
@@ -209,7 +209,7 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
     py_bin = python_binary()
     picked = pythonpath_dirs()
     view = HostView([os.path.realpath(sys.base_prefix), *stdlib_paths(), os.path.dirname(py_bin), *packages], picked)
-    binds = [*view.binds.items(), (str(RUNNER), SANDBOX_RUNNER)]
+    binds = [*view.binds.items(), (str(PROGRAM), SANDBOX_PROGRAM)]
     stage, staged = None, []
     if user is not None:  # the unprivileged uid may not reach them (a venv under a 0700 /root): stage them
         stage = tempfile.mkdtemp(prefix="rstar2-stage-")
@@ -242,7 +242,7 @@ def build_launch(mode: str, *, isolation: bool, scratch_bytes: int, preload: tup
         os.lseek(fd, 0, os.SEEK_SET)
         argv += ["--seccomp", str(fd)]
         pass_fds = (fd,)
-    argv += command or [view.inside(py_bin), "-I", "-S", SANDBOX_RUNNER, mode, "/tmp"]
+    argv += command or [view.inside(py_bin), "-I", "-S", SANDBOX_PROGRAM, mode, "/tmp"]
     if user is not None or joins:
         argv = _launcher(joins, user, staged) + argv
     return Launch(argv, {}, None, pass_fds, stage)
