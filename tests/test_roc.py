@@ -6,6 +6,7 @@ text, on trajectories built turn by turn where that penalty and ours disagree.""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 
@@ -45,16 +46,20 @@ def test_all_equal_groups_are_dropped_and_counts_follow_the_split():
     same = Group(list("abcdefgh"), [rs(1)] * 8)
     zero = Group(list("abcdefgh"), [rs(0)] * 8)
     mixed = Group(list(range(8)), [rs(1)] * 6 + [rs(0)] * 2)
-    kept, stats = resample_on_correct([same, zero, mixed], g=4, seed=0)
+    kept, stats = resample_on_correct([same, zero, mixed], g=4, seed=0, sizes="release")
     assert stats.dropped_all_equal == 2 and len(kept) == 1 and len(kept[0]) == 4
     assert stats.kept_positive == 2 and stats.kept_negative == 2  # at least 2 of each side
-    assert split_counts(6, 2, 4) == (2, 2) and split_counts(1, 7, 4) == (1, 3) and split_counts(4, 4, 4) == (2, 2)
-    assert split_counts(12, 4, 8) == (6, 2) and split_counts(3, 0, 8) == (3, 0)
+    kept, stats = resample_on_correct([mixed], g=4, seed=0)  # the paper's: half the negatives, the rest positives
+    assert stats.kept_positive == 3 and stats.kept_negative == 1
+    release = functools.partial(split_counts, sizes="release")
+    assert release(6, 2, 4) == (2, 2) and release(1, 7, 4) == (1, 3) and release(4, 4, 4) == (2, 2)
+    assert release(12, 4, 8) == (6, 2) and release(3, 0, 8) == (3, 0)
 
 
 def test_topk_keeps_the_lowest_release_penalties():
     stats = [RolloutStats(1, release_penalty=p) for p in (0.5, 0.0, 1.0, 0.2)] + [rs(0)] * 4
-    kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk")
+    kept, _ = resample_on_correct([Group(list(range(8)), stats)], g=4, seed=0, positive_sampling="topk",
+                                  sizes="release")
     positives = [i for i in kept[0] if i < 4]
     assert positives == [1, 3]  # penalties 0.0 and 0.2 beat 0.5 and 1.0 (below: the release's penalty)
 
@@ -98,19 +103,35 @@ def test_with_one_of_each_side_a_mixed_group_at_g2_keeps_a_positive_and_a_negati
 
 
 def test_the_counts_follow_the_release_order_and_rounding():
+    release = functools.partial(split_counts, sizes="release")
     # the negatives' floor is applied first, then the positives'; Python's round (half to even) on each side
-    assert split_counts(1, 7, 4) == (1, 3) and split_counts(7, 1, 4) == (3, 1)
-    assert split_counts(3, 5, 4) == (2, 2) and split_counts(5, 3, 4) == (2, 2)
-    assert split_counts(1, 31, 16) == (1, 15) and split_counts(31, 1, 16) == (15, 1)
-    assert split_counts(3, 29, 16) == (2, 14) and split_counts(9, 23, 16) == (4, 12)
-    assert split_counts(5, 5, 5) == (3, 2)  # both round 2.5 to 2: the negatives' floor (2, inclusive) comes first
-    assert split_counts(7, 7, 7) == (4, 3)  # both round 3.5 to 4 (the release's assert stops here): the negatives
+    assert release(1, 7, 4) == (1, 3) and release(7, 1, 4) == (3, 1)
+    assert release(3, 5, 4) == (2, 2) and release(5, 3, 4) == (2, 2)
+    assert release(1, 31, 16) == (1, 15) and release(31, 1, 16) == (15, 1)
+    assert release(3, 29, 16) == (2, 14) and release(9, 23, 16) == (4, 12)
+    assert release(5, 5, 5) == (3, 2)  # both round 2.5 to 2: the negatives' floor (2, inclusive) comes first
+    assert release(7, 7, 7) == (4, 3)  # both round 3.5 to 4 (the release's assert stops here): the negatives
     # take G minus the positives
-    assert split_counts(3, 1, 4) == (3, 1)  # a group of G is kept whole
+    assert release(3, 1, 4) == (3, 1)  # a group of G is kept whole
     for g in range(4, 17):  # any mixed 2G: G in total, both sides at least 2
         for n_pos in range(1, 2 * g):
-            p, n = split_counts(n_pos, 2 * g - n_pos, g)
+            p, n = release(n_pos, 2 * g - n_pos, g)
             assert p + n == g and p >= min(2, n_pos) and n >= min(2, 2 * g - n_pos)
+
+
+def test_the_paper_sizes_keep_half_the_negatives_and_the_rest_positives():
+    # 2G = 32 rollouts down to G = 16: half the negatives (rounded up), the positives the rest; no floors of 2
+    assert split_counts(27, 5, 16) == (13, 3) and split_counts(16, 16, 16) == (8, 8)
+    assert split_counts(2, 30, 16) == (1, 15) and split_counts(31, 1, 16) == (15, 1)  # a lone negative is kept
+    assert split_counts(3, 1, 4) == (3, 1)  # a group of G is kept whole
+    assert split_counts(2, 10, 4) == (1, 3)  # half the negatives (5) leave room for one positive of G = 4
+    for g in range(2, 17):  # any mixed 2G: G in total, both sides kept, the negatives half (up to G - 1)
+        for n_pos in range(1, 2 * g):
+            n_neg = 2 * g - n_pos
+            p, n = split_counts(n_pos, n_neg, g)
+            assert p + n == g and p >= 1 and n >= 1 and n == min(-(-n_neg // 2), g - 1)
+    with pytest.raises(ValueError, match="roc_sizes must be one of paper, release"):
+        check_sizes(4, sizes="half")
 
 
 # ---------------------------------------------------------------------------------------------- the release's p
@@ -175,7 +196,7 @@ def test_topk_ranks_by_what_the_release_counts_not_by_our_counts(smol_tokenizer)
 
     names = ["direct", "twice", "timeout"] + ["wrong"] * 5
     group = [stats[n] if n in stats else RolloutStats(0.0, release_penalty=1.5) for n in names]
-    kept, _ = resample_on_correct([Group(names, group)], g=4, seed=0, positive_sampling="topk")
+    kept, _ = resample_on_correct([Group(names, group)], g=4, seed=0, positive_sampling="topk", sizes="release")
     assert sorted(n for n in kept[0] if n != "wrong") == ["timeout", "twice"]  # release p 0.0 and 1.0 beat 1.5
     assert sorted(["direct", "twice", "timeout"], key=lambda n: penalty(stats[n]))[:2] == ["direct", "twice"]  # ours
 
@@ -183,9 +204,9 @@ def test_topk_ranks_by_what_the_release_counts_not_by_our_counts(smol_tokenizer)
     order = ["twice", "timeout"] + [f"wrong{i}" for i in range(6)]
     mixed = [stats["twice"], stats["timeout"]] + [RolloutStats(0.0, release_penalty=1.5)] * 6
     for seed in range(5):
-        kept, _ = resample_on_correct([Group(order, mixed)], g=4, seed=seed, positive_sampling="topk")
+        kept, _ = resample_on_correct([Group(order, mixed)], g=4, seed=seed, positive_sampling="topk", sizes="release")
         assert kept[0] == ["twice", "timeout", "wrong0", "wrong1"]
 
     with pytest.raises(ValueError, match="release_penalty"):
         resample_on_correct([Group(names, [RolloutStats(float(n != "wrong")) for n in names])], g=4, seed=0,
-                            positive_sampling="topk")
+                            positive_sampling="topk", sizes="release")

@@ -183,6 +183,9 @@ class RLConfig:
     # be at least their sum: set both to 1 to keep at least one of each side with G = 2 or 3
     roc_min_positive: int = 2
     roc_min_negative: int = 2
+    # the sizes of the two sides RoC keeps: paper (section 2.2: half the negatives, the rest positives) or release
+    # (each side round(share x G), half to even, with the floors above: microsoft/rStar's resample_of_correct)
+    roc_sizes: str = "paper"
     roc: bool = True  # False: plain GRPO on G rollouts per prompt, all used (the ablation)
     temperature: float = 1.0
     top_p: float = 1.0

@@ -91,7 +91,7 @@ def check_recipe(cfg: RLConfig) -> Choice:
     Returns the weight push, chosen once (train/push): its backend and what the engine must hold."""
     check_distributed(cfg)
     if cfg.roc:
-        check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative)
+        check_sizes(cfg.group_size, cfg.roc_min_positive, cfg.roc_min_negative, cfg.roc_sizes)
     check_rollout_correction(cfg.rollout_correction, cfg.tis_cap)
     check_staleness(cfg)
     check_placement(cfg)
@@ -211,7 +211,8 @@ class RLRun:
             kept, roc = resample_on_correct([Group(g, s) for g, s in zip(groups, stats, strict=True)],
                                             cfg.group_size, seed=cfg.seed * 7919 + step,
                                             positive_sampling=cfg.positive_sampling,
-                                            min_positive=cfg.roc_min_positive, min_negative=cfg.roc_min_negative)
+                                            min_positive=cfg.roc_min_positive, min_negative=cfg.roc_min_negative,
+                                            sizes=cfg.roc_sizes)
             return kept, {"roc_dropped_groups": roc.dropped_all_equal, "roc_kept_positive": roc.kept_positive,
                           "roc_kept_negative": roc.kept_negative}, stats
         kept = [g for g in groups if len({r for _, r in g}) > 1]

@@ -3,10 +3,14 @@
 The order and sizes follow the release's down-sampling (microsoft/rStar, rstar2_agent/down_sample/:
 `reject_equal_reward`, then `resample_of_correct`, as its run script configures them):
 1. Groups whose rewards are all equal carry no signal and are dropped.
-2. Each side keeps round(its share x G) (`split_counts`), raised to at least `min_negative` negatives, then at
-   least `min_positive` positives, when the group has them (the release's min_zero_reward_trace_num and
-   min_non_zero_reward_trace_num, both 2). G below min_positive + min_negative is refused (`check_sizes`), as
-   the release's assert refuses it; min_positive = min_negative = 1 is the named option for G = 2 or 3.
+2. The sizes of the two sides (`split_counts`), one of two (`roc_sizes`):
+   - `"paper"` (default; section 2.2): half the negatives (rounded up, so a mixed group keeps one), the rest of
+     the G positives; where the positives run short the negatives fill the rest.
+   - `"release"`: each side round(its share x G) (half to even), raised to at least `min_negative` negatives,
+     then at least `min_positive` positives, when the group has them (the release's min_zero_reward_trace_num
+     and min_non_zero_reward_trace_num, both 2).
+   G below min_positive + min_negative is refused (`check_sizes`), as the release's assert refuses it;
+   min_positive = min_negative = 1 is the named option for G = 2 or 3.
 3. Negatives: `"paper"` keeps them uniformly at random (the paper); `"topk"` keeps the first ones in rollout
    order, as the release's `resample_of_correct` does since its commit "rm sort for negative samples" (#50).
 4. Positives are kept by a penalty, one of two:
@@ -123,8 +127,11 @@ def _weighted_sample(idx: list[int], weights: list[float], k: int, rng: random.R
     return out
 
 
-def check_sizes(g: int, min_positive: int = 2, min_negative: int = 2) -> None:
-    """Refuse a G that cannot keep the minimum of both sides of a mixed group (the release asserts the same)."""
+def check_sizes(g: int, min_positive: int = 2, min_negative: int = 2, sizes: str = "paper") -> None:
+    """Refuse a G that cannot keep the minimum of both sides of a mixed group (the release asserts the same), and
+    sizes that are neither the paper's nor the release's."""
+    if sizes not in ROC_SIZES:
+        raise ValueError(f"roc_sizes must be one of {', '.join(ROC_SIZES)}, not {sizes!r}")
     if min_positive < 1 or min_negative < 1:
         raise ValueError(f"roc_min_positive ({min_positive}) and roc_min_negative ({min_negative}) must be at least 1,"
                          " or a mixed group can lose all its positives or negatives")
@@ -136,15 +143,24 @@ def check_sizes(g: int, min_positive: int = 2, min_negative: int = 2) -> None:
             "or set roc_min_positive=1 and roc_min_negative=1 to keep at least one of each side with G = 2 or 3")
 
 
-def split_counts(n_pos: int, n_neg: int, g: int, min_positive: int = 2, min_negative: int = 2) -> tuple[int, int]:
-    """How many positives and negatives to keep out of a group, G in total, as the release's `resample_of_correct`:
-    each side round(share x G) (Python's round: half to even); the negatives raised to min(min_negative, n_neg),
-    the positives to min(min_positive, n_pos), in that order, the other side taking the rest. Where the two
-    roundings miss G (odd G with a tie; the release stops on its assert there) the negatives take the
-    difference. A group of at most G rollouts is kept whole."""
+ROC_SIZES = ("paper", "release")
+
+
+def split_counts(n_pos: int, n_neg: int, g: int, min_positive: int = 2, min_negative: int = 2,
+                 sizes: str = "paper") -> tuple[int, int]:
+    """How many positives and negatives to keep out of a group, G in total. `paper`: half the negatives, rounded
+    up, the positives the rest (the negatives filling what the positives cannot). `release`, as the release's
+    `resample_of_correct`: each side round(share x G) (Python's round: half to even); the negatives raised to
+    min(min_negative, n_neg), the positives to min(min_positive, n_pos), in that order, the other side taking the
+    rest. Where the two roundings miss G (odd G with a tie; the release stops on its assert there) the negatives
+    take the difference. A group of at most G rollouts is kept whole."""
     total = n_pos + n_neg
     if total <= g:
         return n_pos, n_neg
+    if sizes == "paper":
+        keep_neg = min(-(-n_neg // 2), g - (1 if n_pos else 0))
+        keep_pos = min(n_pos, g - keep_neg)
+        return keep_pos, g - keep_pos
     keep_neg, keep_pos = round(n_neg * g / total), round(n_pos * g / total)
     floor_neg, floor_pos = min(min_negative, n_neg), min(min_positive, n_pos)
     if keep_neg <= floor_neg:
@@ -155,10 +171,11 @@ def split_counts(n_pos: int, n_neg: int, g: int, min_positive: int = 2, min_nega
 
 
 def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_sampling: str = "paper",
-                        min_positive: int = 2, min_negative: int = 2) -> tuple[list[list[T]], RoCStats]:
+                        min_positive: int = 2, min_negative: int = 2, sizes: str = "paper"
+                        ) -> tuple[list[list[T]], RoCStats]:
     if positive_sampling not in ("paper", "topk"):
         raise ValueError(f"positive_sampling must be paper or topk, not {positive_sampling!r}")
-    check_sizes(g, min_positive, min_negative)
+    check_sizes(g, min_positive, min_negative, sizes)
     rng = random.Random(seed)
     stats = RoCStats(groups=len(groups))
     kept_groups: list[list[T]] = []
@@ -171,7 +188,7 @@ def resample_on_correct(groups: Sequence[Group[T]], g: int, seed: int, positive_
             continue
         pos = [i for i, s in enumerate(group.stats) if s.reward > 0]
         neg = [i for i, s in enumerate(group.stats) if s.reward <= 0]
-        n_pos, n_neg = split_counts(len(pos), len(neg), g, min_positive, min_negative)
+        n_pos, n_neg = split_counts(len(pos), len(neg), g, min_positive, min_negative, sizes)
         if positive_sampling == "topk":
             penalties = {i: _release_penalty_of(group.stats[i]) for i in pos}
             chosen_pos = sorted(pos, key=lambda i: (penalties[i], i))[:n_pos]
