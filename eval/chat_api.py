@@ -91,7 +91,7 @@ class ChatAPIAgent:
                     max_tokens=min(cfg.sampling.max_tokens, room),
                     seed=openai.NOT_GIVEN if seed is None else call_seed(seed, turn_index), extra_body=extra)
             except openai.OpenAIError as e:
-                traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
+                traj.fail(e)
                 break
             finally:
                 traj.timings["generate"] += time.monotonic() - t0

@@ -99,7 +99,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
                     break
                 resumes += 1
         except (EngineError, OSError, RuntimeError, ValueError) as e:
-            traj.stop_reason, traj.error = "engine_error", f"{type(e).__name__}: {e}"
+            traj.fail(e)
             traj.add_generated(turn_ids, turn_logprobs)
             if turn_ids:
                 traj.turns.append(Turn(text=fmt.decode(turn_ids), num_tokens=len(turn_ids), finish_reason="error"))

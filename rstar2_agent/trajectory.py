@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 STOP_REASONS = ("answer", "no_tool_call", "max_turns", "max_tokens", "engine_error")
@@ -45,8 +45,15 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     answer: str | None = None
     stop_reason: str = ""
-    error: str | None = None  # the engine error when stop_reason == "engine_error"
+    error: str | None = None  # the engine error's text when stop_reason == "engine_error" (`fail`): what is stored
+    # the exception itself, in the process that ran the loop (serve maps it to a status by its type); not stored
+    failure: BaseException | None = field(default=None, repr=False, compare=False)
     timings: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "total": 0.0})
+
+    def fail(self, e: BaseException, text: str | None = None) -> None:
+        """The engine could not go on: stop reason engine_error, the exception kept (`failure`) and its text
+        (`error`, by default "Class: message")."""
+        self.stop_reason, self.failure, self.error = "engine_error", e, text or f"{type(e).__name__}: {e}"
 
     def add_generated(self, ids: list[int], logprobs: list[float]) -> None:
         self.response_ids += ids
@@ -80,7 +87,8 @@ class Trajectory:
         return "".join(t.text for t in self.turns[last + 1:])
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, failure=None))
+        del d["failure"]
         d["num_tool_calls"] = len(self.tool_calls)
         d["num_generated_tokens"] = self.num_generated_tokens
         return d

@@ -183,17 +183,18 @@ class Server:
                            sampling=self.sampling(req, index, budget))
 
     async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
-                       sandbox: Sandbox | None = None) -> Trajectory:
-        """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container)."""
+                       sandbox: Sandbox | None = None, engine: Engine | None = None) -> Trajectory:
+        """The agent loop for one choice; `sandbox`: where its code runs instead of the server's (a container);
+        `engine`: the server's as this request sees it (a stream's token count)."""
         budgeted = Budgeted(sandbox or self.sandbox, self.budgets, self.tool_gate, current_client.get())
         # the loop holds its slot through its sandbox time too: one client holds at most its share of the slots
         async with self.budgets.slot(self.gate):
-            traj = await run_agent(req.messages, self.engine, budgeted, self.format_for(req),
+            traj = await run_agent(req.messages, engine or self.engine, budgeted, self.format_for(req),
                                    self.agent_config(req, index), prompt_ids=prompt, on_event=on_event)
         self.metrics.observe_trajectory(traj)
         if traj.stop_reason == "engine_error":
-            name, _, message = (traj.error or "").partition(": ")
-            raise engine_failure(EngineStalled(message) if name == EngineStalled.__name__ else EngineError(traj.error))
+            failure = traj.failure
+            raise engine_failure(failure if isinstance(failure, EngineError) else EngineError(traj.error))
         return traj
 
     def splits(self, req: ChatRequest) -> bool:
@@ -218,10 +219,12 @@ class Server:
     # ------------------------------------------------------------------ chat: client-side tools
     async def run_client_tools(self, req: ChatRequest, index: int, prompt: list[int],
                                on_deltas: Callable[[list[Delta]], None] | None = None,
-                               constraint: dict[str, Any] | None = None):
+                               constraint: dict[str, Any] | None = None, engine: Engine | None = None):
         """One generation; its calls of the client's tools parsed as they are written. `on_deltas` hears each
         piece of content, reasoning and call as the tokens come (a stream); without it the text is parsed whole
-        (the same parser: the two forms agree). `constraint`: a forced call's (`forced_call`, built once a request)."""
+        (the same parser: the two forms agree). `constraint`: a forced call's (`forced_call`, built once a request);
+        `engine`: as for `run_loop`."""
+        engine = engine or self.engine
         fmt = self.format_for(req)
         parser = self.reply_parser(req, prompt, tools=req.tools)
         deltas: list[Delta] = []
@@ -234,10 +237,10 @@ class Server:
         decoder = StreamDecoder(fmt, lambda kind, text: take(parser.feed(text.replace(fmt.eos_text, "")))) \
             if on_deltas is not None else None
         sampling = self.sampling(req, index, min(req.budget() or self.cfg.max_tokens,
-                                                 self.engine.context_length - len(prompt)),
+                                                 engine.context_length - len(prompt)),
                                  stop_token_ids=fmt.stop_token_ids, constraint=constraint)
         async with self.gate:  # a generation holds its slot only while the engine works on it: no per-client share
-            gen = await self.engine.generate(prompt, sampling, decoder.feed if decoder else None)
+            gen = await engine.generate(prompt, sampling, decoder.feed if decoder else None)
         if decoder is not None:
             decoder.flush()
         else:

@@ -81,3 +81,27 @@ async def test_hf_engine_loads_new_weights(engine):
     await engine.load_weights(original)
     restored = await engine.generate(ids, greedy)
     assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
+
+
+async def test_an_engine_failure_is_kept_as_the_exception_and_stored_as_its_text(smol_tokenizer, sandbox):
+    """The loop keeps what the engine raised (serve maps it to a status by its type) and its text, which is what a
+    trajectory's record holds; the record reads back with the text and no exception."""
+    from rstar2_agent.engines.base import EngineError
+
+    from conftest import ScriptedEngine
+
+    class Stalled(EngineError):
+        pass
+
+    class Failing(ScriptedEngine):
+        async def generate(self, prompt_ids, sampling, on_tokens=None):
+            raise Stalled("no token for 5 s")
+
+    fmt = ChatFormat(smol_tokenizer, "markdown")
+    traj = await run_agent(QUESTION, Failing(smol_tokenizer, []), sandbox, fmt, AgentConfig(max_turns=1))
+    assert traj.stop_reason == "engine_error" and isinstance(traj.failure, Stalled)
+    assert traj.error == "Stalled: no token for 5 s"
+    record = traj.to_dict()
+    assert "failure" not in record and record["error"] == traj.error
+    back = Trajectory.from_dict(record)
+    assert back.error == traj.error and back.failure is None
