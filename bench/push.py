@@ -42,7 +42,7 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
 
     from rstar2_agent.engines.base import SamplingParams
     from rstar2_agent.models import resolve_model
-    from rstar2_agent.train.config import OptimConfig, RayConfig
+    from rstar2_agent.train.config import OptimConfig, RayConfig, RLConfig
     from rstar2_agent.train.learner.ray_group import LearnerGroup
     from rstar2_agent.train.push.collective import nbytes
     from rstar2_agent.train.rollout.workers import start_rollout
@@ -53,7 +53,7 @@ async def bench_push(model: str = "smollm2-135m", workers: int = 2, rounds: int 
     group = LearnerGroup(cfg, resolved.path, OptimConfig(), 1, dtype=dtype)
     pool = None
     try:
-        pool, _ = await start_rollout(cfg, resolved.path, min(resolved.spec.context_length, 2048), 64)
+        pool, _ = await start_rollout(RLConfig(ray=cfg), resolved.path, min(resolved.spec.context_length, 2048), 64)
         for mode in MODES:  # warm-up: the collective's group, every page touched once
             await group.push(pool, mode)
         row = PushBench(model, workers,

@@ -19,8 +19,8 @@ from conftest import tiny
     (dict(rollout_engine="vllm", placement="colocated"), True, "ipc", "ipc"),
     (dict(rollout_engine="vllm", placement="colocated"), False, "chunked", None),
     (dict(distributed="ray"), False, "collective", None),
-    (dict(distributed="ray", ray=RayConfig(rollout_engine="vllm", gpus_per_learner=1)), True, "nccl", "nccl"),
-    (dict(distributed="ray", placement="colocated", ray=RayConfig(rollout_engine="vllm", gpus_per_learner=1)),
+    (dict(distributed="ray", rollout_engine="vllm", ray=RayConfig(gpus_per_learner=1)), True, "nccl", "nccl"),
+    (dict(distributed="ray", placement="colocated", rollout_engine="vllm", ray=RayConfig(gpus_per_learner=1)),
      True, "ipc", "ipc"),
 ])
 def test_auto_picks_by_the_placement(tmp_path, change, gpu, backend, transfer):

@@ -30,8 +30,9 @@ async def test_a_killed_rollout_worker_is_replaced_with_the_pushed_weights_and_i
 
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=OptimConfig(lr=1e-4, warmup_steps=0,
                                                                             schedule="constant"),
+               sandbox_workers=1,
                ray=RayConfig(learners=1, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
-                             sandbox_actors=1, cpus_per_sandbox_actor=0.25, sandbox_workers=1,
+                             sandbox_actors=1, cpus_per_sandbox_actor=0.25,
                              weight_push_timeout_s=60, max_worker_restarts=1), weight_push="collective")
     run = RLRun(cfg)
     try:

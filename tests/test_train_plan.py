@@ -57,7 +57,7 @@ def test_the_14b_rl_recipe_fits_its_64_gpus_and_not_without_checkpointing_or_wit
 
 def test_the_collective_push_receiving_the_whole_model_beside_vllm_at_085_does_not_fit():
     """Crash 3: the whole bf16 model (27.5 GiB) received on a rollout GPU where vLLM took 85%; a bucket fits."""
-    at_085 = rl14("ray.engine_options={gpu_memory_utilization: 0.85, max_num_seqs: 256}")
+    at_085 = rl14("engine_options={gpu_memory_utilization: 0.85, max_num_seqs: 256}")
     rollout = {g.role: g for g in plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="model").gpus}["rollout"]
     assert not rollout.fits and rollout.parts["receive_buffers"] == pytest.approx(27.5, abs=0.1)
     plan = plan_rl(at_085, gpu_memory_gib=MI300X_GIB, receive="model")
@@ -237,9 +237,9 @@ def test_sleep_level_1_keeps_the_engines_weights_in_host_memory_and_level_2_does
 
 
 def test_colocated_puts_one_engine_shard_beside_each_learner_rank():
-    with pytest.raises(PlanError, match=r"rollout_workers x ray.engine_options.tensor_parallel_size to ray.learners"):
+    with pytest.raises(PlanError, match=r"rollout_workers x engine_options.tensor_parallel_size to ray.learners"):
         plan_rl(one_node(RL_8GPU, "ray.rollout_workers=4"), gpu_memory_gib=GPU_80GB)
-    tp2 = plan_rl(one_node(RL_8GPU, "ray.rollout_workers=4", "ray.engine_options={tensor_parallel_size: 2, "
+    tp2 = plan_rl(one_node(RL_8GPU, "ray.rollout_workers=4", "engine_options={tensor_parallel_size: 2, "
                                     "gpu_memory_utilization: 0.75}"), gpu_memory_gib=GPU_80GB)
     assert tp2.fits and tp2.gpus[1].parts["vllm_weights_woken_for_push"] == pytest.approx(
         2 * tp2.shape.params() / 2 / 2**30)  # each GPU holds half of an engine's weights
@@ -294,3 +294,12 @@ def test_the_plan_sizes_vllms_share_from_the_gpu_it_runs_on_as_vllm_does(monkeyp
     rollout = next(g for g in plan.gpus if "vllm_gpu_memory_utilization" in g.parts)
     assert rollout.capacity_gib == pytest.approx(h100 / 2**30)
     assert rollout.parts["vllm_gpu_memory_utilization"] == pytest.approx(util * h100 / 2**30)
+
+
+@pytest.mark.parametrize("old,new", [("ray.rollout_engine=vllm", "rollout_engine"),
+                                     ("ray.engine_options={kv_cache_gib: 1}", "engine_options"),
+                                     ("ray.sandbox_workers=4", "sandbox_workers")])
+def test_a_field_spelled_where_it_used_to_live_is_refused_with_its_home(old, new):
+    """rollout_engine, engine_options and sandbox_workers have one home whatever `distributed` says: the top level."""
+    with pytest.raises(recipes.RecipeError, match=rf"{old.split('=')[0]} has moved: set {new} at the top level"):
+        recipes.load(RLConfig, "rl-smollm2-cpu", ["distributed=ray", old])

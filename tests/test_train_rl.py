@@ -133,7 +133,7 @@ def test_rl_recipes_fill_the_stages():
     paper = load(RLConfig, "rl-qwen3-14b-base-mi300x")
     assert [s.steps for s in paper.stages] == [300, 85, 125] and paper.stages[2].filter_solved == 8
     assert paper.stages[2].reset_optimizer and paper.prompts_per_step == 512 and paper.group_size == 16
-    assert paper.distributed == "ray" and paper.ray.rollout_engine == "vllm" and paper.ray.learners == 16
+    assert paper.distributed == "ray" and paper.rollout_engine == "vllm" and paper.ray.learners == 16
 
 
 @pytest.mark.slow
@@ -161,9 +161,9 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     # the ranks pack their token-balanced shares, the head in chunks, every layer checkpointed; the reference below
     # is one process's padded full-logits update
     cfg = tiny(tmp_path, model=tiny_smollm2, distributed="ray", dtype="fp32", optim=optim, micro_batch_tokens=512,
-               logprob_chunk_tokens=64, gradient_checkpointing=True, placement="colocated",
+               logprob_chunk_tokens=64, gradient_checkpointing=True, placement="colocated", sandbox_workers=1,
                ray=RayConfig(learners=2, cpus_per_learner=0.5, rollout_workers=2, cpus_per_rollout_worker=0.5,
-                             sandbox_actors=2, cpus_per_sandbox_actor=0.25, sandbox_workers=1))
+                             sandbox_actors=2, cpus_per_sandbox_actor=0.25))
     run = RLRun(cfg)
     try:
         await run.start()

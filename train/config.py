@@ -90,14 +90,11 @@ class RayConfig:
     gpus_per_learner: float = 0.0
     cpus_per_learner: float = 1.0
     rollout_workers: int = 2
-    rollout_engine: str = "hf"  # hf or vllm
     gpus_per_rollout_worker: float = 0.0  # vLLM tensor parallelism: set engine_options.tensor_parallel_size too
     cpus_per_rollout_worker: float = 1.0
-    engine_options: dict[str, Any] = field(default_factory=dict)  # e.g. {kv_cache_gib: 2, gpu_memory_utilization: 0.8}
     replica_policy: str = "kv_aware"
     sandbox_actors: int = 2
     cpus_per_sandbox_actor: float = 1.0
-    sandbox_workers: int = 2  # warm workers per template in each sandbox actor
     sandbox_resources: dict[str, float] = field(default_factory=dict)  # e.g. {sandbox: 1}: only on CPU nodes
     weight_push_timeout_s: float = 600.0  # each wait of a push: the group's rendezvous, each bucket
     weight_bucket_mb: float = 256.0  # collective: whole layers in buckets of at most this; ipc: the packed buffer
@@ -223,7 +220,7 @@ class RLConfig:
     # GiB (0: this machine's GPU), and false to start anyway
     gpu_memory_gib: float = 0.0
     memory_check: bool = True
-    sandbox_workers: int = 2  # warm sandbox workers in this process (distributed: ray uses ray.sandbox_workers)
+    sandbox_workers: int = 2  # warm sandbox workers per template: this process's pool, or each Ray sandbox actor's
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20, schedule="constant"))
     dtype: str = "auto"
     format: str = "hermes"
@@ -262,6 +259,21 @@ class RLConfig:
     def rollouts_per_prompt(self) -> int:
         """2G with Resample-on-Correct (G are kept), G without."""
         return 2 * self.group_size if self.roc else self.group_size
+
+
+# fields that lived in `ray:` and now have one home, whatever `distributed` says: refused by name where a recipe still
+# spells them the old way (recipe.load)
+MOVED = {"ray.rollout_engine": "rollout_engine", "ray.engine_options": "engine_options",
+         "ray.sandbox_workers": "sandbox_workers"}
+
+
+def refuse_moved(values: dict[str, Any]) -> None:
+    """A recipe (as read) that spells a field where it used to live: ValueError saying where it lives now."""
+    ray = values.get("ray") or {}
+    found = [k for k in MOVED if k.removeprefix("ray.") in ray]
+    if found:
+        raise ValueError("; ".join(f"{k} has moved: set {MOVED[k]} at the top level of the recipe (one field whatever "
+                                   "distributed says)" for k in found))
 
 
 def check_distributed(cfg: RLConfig) -> None:
@@ -305,9 +317,9 @@ def check_placement(cfg: RLConfig) -> None:
     if cfg.distributed == "ray" and cfg.ray.rollout_workers != cfg.ray.learners:
         raise ValueError(f"placement: colocated puts one rollout worker on each learner rank's GPU: set "
                          f"ray.rollout_workers to ray.learners ({cfg.ray.learners}), not {cfg.ray.rollout_workers}")
-    if cfg.distributed == "ray" and int(cfg.ray.engine_options.get("tensor_parallel_size", 1)) != 1:
+    if cfg.distributed == "ray" and int(cfg.engine_options.get("tensor_parallel_size", 1)) != 1:
         raise ValueError("placement: colocated runs one engine per GPU (data parallel across the node's GPUs): set "
-                         "ray.engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
+                         "engine_options.tensor_parallel_size to 1, or use placement: separate for engines that "
                          "span GPUs")
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"sleep_level is vLLM's: 1 (weights to host memory, KV cache dropped) or 2 (both dropped), "

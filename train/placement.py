@@ -73,6 +73,6 @@ class RayPlacement:
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
                       ) -> tuple[TrainableEngine, Sandbox]:
         bundles = getattr(learner, "placement", None) if self.cfg.placement == "colocated" else None
-        return await start_rollout(self.cfg.ray, resolved.path, resolved.spec.context_length,
+        return await start_rollout(self.cfg, resolved.path, resolved.spec.context_length,
                                    max(s.max_response_tokens for s in self.cfg.stages), bundles=bundles,
                                    transfer=transfer)

@@ -84,10 +84,12 @@ def load(cls: type[T], recipe: str | None, overrides: list[str] | tuple[str, ...
         _put(values, key, yaml.safe_load(raw) if raw else "")
     for key, value in (changes or {}).items():
         _put(values, key, value)
+    from .config import refuse_moved
     from .push import refuse_old_knobs
 
     try:
         refuse_old_knobs(values)
+        refuse_moved(values)
     except ValueError as e:
         raise RecipeError(str(e)) from None
     return build(cls, values)

@@ -45,6 +45,9 @@ from .sft import run_sft
 SFT_RECIPE = "sft-qwen3-14b-base"
 RL_RECIPE = "rl-qwen3-14b-base-mi300x"
 OVERLAY = "cpu"  # the one overlay: a CPU machine of 2 cores or more
+SFT_EPOCHS = 6.0
+SFT_LR = 1e-4
+START_ANSWER_SHARE = 0.02
 EVAL_TIMEOUT_S = 1800.0
 
 
@@ -88,10 +91,23 @@ class Fixtures:
                                "folder laid out as train/rehearsal.py's Fixtures says (the checkout's tests/data)")
 
 
+# why the overlay departs from the recipes where a reason is not plain scale (printed beside the diff's line)
+DEPARTURES = {
+    "data": "+ the RL fixture problems as SFT rows (fixture_rows): the prior on RL's problems a pretrained base brings",
+    "optim.lr": "a few-step CPU SFT of a small model learns nothing at the 14B's 5e-6",
+    "seeded_rollouts": "seeded: the rehearsal's rollouts are reproducible (vLLM's batched sampler is not here)",
+    "start_check.min_answer_share": "the SFT'd rehearsal policy's measured share clears it",
+}
+FIXTURE_ROWS = "rl-fixture-rows.jsonl"  # under the rehearsal's out
+
+
 def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixtures) -> tuple[dict, dict]:
     """The scale-down overlay as dotted-key changes to each recipe (`recipe.load(..., changes=...)`)."""
     db = str(out / "rehearsal.db")
-    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": 4, "epochs": 1.0, "dtype": "fp32",
+    # SFT: the paper's mix, plus the RL fixture problems as rows in the format's full shape (`fixture_rows`), several
+    # epochs at a small model's learning rate: the start policy answers some of RL's problems, some of the time
+    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": 4, "epochs": SFT_EPOCHS,
+                   "optim.lr": SFT_LR, "data": [*sft.data, str(out / FIXTURE_ROWS)], "dtype": "fp32",
                    "out": str(out / "sft"), "db": db}
     data = [f"dapo:{fx.problems('dapo')}", f"euler:{fx.problems('euler')}"]
     # one step a stage, each stage's other settings kept (turns, filter, optimizer reset)
@@ -99,13 +115,33 @@ def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixture
     rl_changes = {
         "model": str(out / "sft" / "last"), "stages": stages, "prompts_per_step": 2, "group_size": 4,
         "micro_batch_tokens": 1024, "logprob_chunk_tokens": 64, "gpu_memory_gib": 0.0, "dtype": "fp32",
-        "start_check.min_answer_share": 0.0, "out": str(out / "rl"), "db": db, "data_dir": str(fx.benchmarks),
+        "seeded_rollouts": True, "start_check.min_answer_share": START_ANSWER_SHARE, "out": str(out / "rl"),
+        "db": db, "data_dir": str(fx.benchmarks),
         "ray.address": None, "ray.learners": 2, "ray.gpus_per_learner": 0.0, "ray.cpus_per_learner": 0.5,
-        "ray.rollout_workers": 1, "ray.rollout_engine": "hf", "ray.gpus_per_rollout_worker": 0.0,
-        "ray.cpus_per_rollout_worker": 0.5, "ray.engine_options": {}, "ray.sandbox_actors": 1,
-        "ray.cpus_per_sandbox_actor": 0.25, "ray.sandbox_workers": 2, "ray.sandbox_resources": {},
+        "ray.rollout_workers": 1, "rollout_engine": "hf", "ray.gpus_per_rollout_worker": 0.0,
+        "ray.cpus_per_rollout_worker": 0.5, "engine_options": {}, "ray.sandbox_actors": 1,
+        "ray.cpus_per_sandbox_actor": 0.25, "sandbox_workers": 2, "ray.sandbox_resources": {},
     }
     return sft_changes, rl_changes
+
+
+def fixture_rows(rl: RLConfig, path: Path, copies: int = 1) -> int:
+    """The RL stages' fixture problems (stage 1's pool, as RL curates it) as SFT chat rows in the format's full
+    shape, each answering its problem: `<reason></reason><answer>\\boxed{ANSWER}</answer>` (the generation
+    prompt opens the reasoning). They stand in for what the paper's Qwen3-14B-Base brings to its RL problems (it
+    solves some before RL), as `make train`'s 16 rows of RL's families do (train/recipes/sft-smollm2-cpu.yaml): a
+    small model SFT'd on the mix alone answers none of them, and RL would have no group to learn from. Returns the
+    number of rows."""
+    from .data.pool import stage_pool
+
+    problems = sorted(stage_pool(rl.stages[0], rl).values(), key=lambda p: p.id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in [p for p in problems for _ in range(copies)]:
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": p.text},
+                {"role": "assistant", "content": f"</reason><answer>\\boxed{{{p.answer}}}</answer>"}]}) + "\n")
+    return len(problems) * copies
 
 
 @dataclass
@@ -138,6 +174,8 @@ class Rehearsal:
         check_chain(sft_plain, rl_plain)
         check_chain(sft, rl)
 
+        rows = fixture_rows(rl, self.out / FIXTURE_ROWS)
+        self.echo(f"SFT data: the paper's mix and {rows} rows of the RL fixture problems ({FIXTURE_ROWS})")
         started = time.monotonic()
         final_sft, history = run_sft(sft)
         self.figures["sft"] = {"steps": len(history), "s": round(time.monotonic() - started, 1),
@@ -149,7 +187,7 @@ class Rehearsal:
         started = time.monotonic()
         final_rl, history = asyncio.run(run_rl(rl))
         self.figures["rl"] = {"steps": len(history), "s": round(time.monotonic() - started, 1),
-                              **check_rl_start(history)}
+                              **check_rl_start(history), "stages": check_rl_updates(history, len(rl.stages))}
         meta = json.loads((final_rl / "rstar2.json").read_text())
         if meta.get("format") != sft.format:
             raise HandOffError(f"the RL checkpoint says format {meta.get('format')!r}, SFT trained {sft.format!r}")
@@ -157,6 +195,13 @@ class Rehearsal:
                   f"answer share {self.figures['rl']['start_answer_share']:.2f}, signal share "
                   f"{self.figures['rl']['start_signal_share']:.2f}; checkpoint {meta['format']}, answers read by "
                   f"{meta.get('answer_extraction')!r}")
+        for st in self.figures["rl"]["stages"]:
+            move = (f"the engine made {st['push_probe_move_share']:.0%} of the learner's move"
+                    if st["push_probe_move_decided"] else "its move not yet decisive")
+            self.echo(f"  RL stage {st['stage']}: {st['updates']} update(s) of {st['steps']} step(s), "
+                      f"{st['kept_rollouts']} rollouts kept ({st['update_tokens']} tokens), gradient norm "
+                      f"{st['grad_norm']:.4g}; push checked: probe gap {st['push_probe_max_abs_diff']:.3g} "
+                      f"(bound {st['push_probe_bound']:.3g}), {move}")
 
         started = time.monotonic()
         self.run_eval(final_rl, fx, rl.db)
@@ -187,7 +232,8 @@ def overlay_text(sft_plain: SFTConfig, sft: SFTConfig, rl_plain: RLConfig, rl: R
     lines = [f"rehearsal overlay {OVERLAY!r}: what differs from the recipes (everything else is theirs)"]
     for name, before, after in ((SFT_RECIPE, sft_plain, sft), (RL_RECIPE, rl_plain, rl)):
         lines.append(f"--- {name}")
-        lines += [f"  {key}: {_short(a)} -> {_short(b)}" for key, a, b in recipes.diff(before, after)]
+        lines += [f"  {key}: {_short(a)} -> {_short(b)}" + (f"  # {DEPARTURES[key]}" if key in DEPARTURES else "")
+                  for key, a, b in recipes.diff(before, after)]
     return "\n".join(lines)
 
 
@@ -225,6 +271,37 @@ def check_rl_start(history: list[dict[str, float]]) -> dict[str, float]:
     if len(figures) != 2:
         raise HandOffError("RL's first step recorded no preflight figures (start_answer_share, start_signal_share)")
     return figures
+
+
+def check_rl_updates(history: list[dict[str, float]], stages: int) -> list[dict[str, Any]]:
+    """Per RL stage: the updates it took (steps whose update had kept rollouts: `update_tokens` > 0), their mean
+    gradient norm, and the check of each such update's weight push (its `push_probe_*` figures; the bound from the
+    run's calibration). A stage that took no update, or whose push went unchecked, stops the rehearsal: its RL
+    would not have trained (every group all right or all wrong, dropped by RoC)."""
+    bound = next((h["push_probe_bound"] for h in history if "push_probe_bound" in h), None)
+    out = []
+    for index in range(stages):
+        steps = [h for h in history if int(h.get("stage", -1)) == index]
+        updated = [h for h in steps if h.get("update_tokens", 0) > 0]
+        if not updated:
+            raise HandOffError(f"RL stage {index + 1} took no update in its {len(steps)} step(s): every group was all "
+                               "right or all wrong (RoC dropped them), so nothing was trained, pushed or checked; give "
+                               "the start policy a signal on the stage's problems (the SFT rows of the RL fixtures)")
+        unchecked = [h for h in updated if "push_probe_max_abs_diff" not in h]
+        if unchecked or bound is None:
+            raise HandOffError(f"RL stage {index + 1} updated without a checked weight push (no push_probe figures): "
+                               "turn the recipe's push_check on")
+        last = updated[-1]
+        out.append({"stage": index + 1, "updates": len(updated), "steps": len(steps),
+                    "kept_rollouts": sum(int(h.get("roc_kept_positive", 0) + h.get("roc_kept_negative", 0))
+                                         for h in updated),
+                    "update_tokens": sum(int(h["update_tokens"]) for h in updated),
+                    "grad_norm": sum(h["grad_norm"] for h in updated) / len(updated),
+                    "push_probe_max_abs_diff": max(h["push_probe_max_abs_diff"] for h in updated),
+                    "push_probe_bound": bound,
+                    "push_probe_move_decided": last.get("push_probe_move_decided", 0.0),
+                    "push_probe_move_share": last.get("push_probe_move_share", 0.0)})
+    return out
 
 
 def check_eval_reads_the_checkpoint(store: Store, meta: dict[str, Any]) -> dict[str, Any]:

@@ -35,8 +35,7 @@ from .records import GPU, Host, Plan
 # ------------------------------------------------------------------------------------------------ the two phases
 def is_colocated(cfg: Any) -> bool:
     """A colocated placement the plan models: vLLM engines (the hf engine's own weights are not planned)."""
-    engine = cfg.ray.rollout_engine if cfg.distributed == "ray" else cfg.rollout_engine
-    return getattr(cfg, "placement", "separate") == "colocated" and engine == "vllm"
+    return getattr(cfg, "placement", "separate") == "colocated" and cfg.rollout_engine == "vllm"
 
 
 def colocated_phases(cfg: Any, s: Shape, learner: dict[str, float], capacity: float, receive: str, context: int,
@@ -51,12 +50,12 @@ def colocated_phases(cfg: Any, s: Shape, learner: dict[str, float], capacity: fl
     it, and vLLM's weights are allocated outside that cache. The host holds the weights at sleep level 1, checked
     against `host_memory_gib` when given."""
     ray = cfg.distributed == "ray"
-    options = {"gpu_memory_utilization": DEFAULT_UTILIZATION, **(cfg.ray.engine_options if ray else cfg.engine_options)}
+    options = {"gpu_memory_utilization": DEFAULT_UTILIZATION, **cfg.engine_options}
     tp = int(options.get("tensor_parallel_size", 1))
     gpus = cfg.ray.learners if ray else 1
     engines = cfg.ray.rollout_workers if ray else 1
     if engines * tp != gpus:
-        where = "ray.rollout_workers x ray.engine_options.tensor_parallel_size" if ray else \
+        where = "ray.rollout_workers x engine_options.tensor_parallel_size" if ray else \
             "engine_options.tensor_parallel_size"
         raise PlanError(f"placement: colocated puts one engine shard beside each learner rank, one GPU each: "
                         f"{engines} engine(s) x tensor parallel {tp} on {gpus} GPU(s); set {where} to "
@@ -131,7 +130,7 @@ def _colocated_util_advice(g: GPU, capacity: float, cfg: Any, world: int) -> lis
     need = fixed + g.parts["(vllm: kv for one sequence)"]
     best = int((capacity - resident) / capacity * 100) / 100
     least = -int(-need / capacity * 100) / 100
-    where = "ray.engine_options" if cfg.distributed == "ray" else "engine_options"
+    where = "engine_options"
     if best >= least:
         now = share / capacity
         return [f"set {where}.gpu_memory_utilization: {best:.2f} (now {now:.2f}; {least:.2f} to {best:.2f} fit): "

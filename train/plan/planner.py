@@ -96,15 +96,15 @@ def _separate(cfg: Any, s: Shape, learner: dict[str, float], capacity: float, re
               ) -> tuple[list[GPU], int, str]:
     """`distributed: ray`, separate placement: learner GPUs, and vLLM rollout GPUs receiving the push."""
     world = cfg.ray.learners
-    options = dict(cfg.ray.engine_options)
+    options = dict(cfg.engine_options)
     tp = int(options.get("tensor_parallel_size", 1))
     gpus_list = [GPU("learner", world, capacity, learner)]
     needed = int(world * cfg.ray.gpus_per_learner)
-    if cfg.ray.rollout_engine == "vllm" and cfg.ray.gpus_per_rollout_worker > 0:
+    if cfg.rollout_engine == "vllm" and cfg.ray.gpus_per_rollout_worker > 0:
         parts, notes, ok = engine_parts(s, options, capacity, receive, cfg.ray.weight_bucket_mb, context)
         gpus_list.append(GPU("rollout", cfg.ray.rollout_workers * tp, capacity, parts, notes, ok))
         needed += int(cfg.ray.rollout_workers * cfg.ray.gpus_per_rollout_worker)
-    placement = (f"ray: {world} learner ranks (FSDP2) and {cfg.ray.rollout_workers} {cfg.ray.rollout_engine} "
+    placement = (f"ray: {world} learner ranks (FSDP2) and {cfg.ray.rollout_workers} {cfg.rollout_engine} "
                  f"rollout workers, on separate devices")
     return gpus_list, needed, placement
 
@@ -224,7 +224,7 @@ def _engine_advice(g: GPU, capacity: float, cfg: Any) -> list[str]:
                 f"(now {util:.2f}), or lower the engine's max_model_len"]
     if room <= 0:
         return ["the learner leaves vLLM nothing on this GPU: use distributed: ray (separate GPUs)"]
-    where = "ray.engine_options" if cfg.distributed == "ray" else "engine_options"
+    where = "engine_options"
     return [f"set {where}.gpu_memory_utilization: {int(room * 100) / 100:.2f} (now {util:.2f}): vLLM's share and "
             f"the {others:.1f} GiB beside it must fit the GPU"]
 

@@ -53,7 +53,7 @@ def choose(cfg: RLConfig, on_gpu: bool | None = None) -> Choice:
     from rstar2_agent import devices
 
     ray = cfg.distributed == "ray"
-    vllm = (cfg.ray.rollout_engine if ray else cfg.rollout_engine) == "vllm"
+    vllm = cfg.rollout_engine == "vllm"
     colocated = cfg.placement == "colocated"
     gpu = (cfg.ray.gpus_per_learner > 0 if ray else devices.on_gpu()) if on_gpu is None else on_gpu
     want = cfg.weight_push

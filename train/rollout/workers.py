@@ -13,7 +13,7 @@ from rstar2_agent.engines.base import TrainableEngine, trainable
 from rstar2_agent.models import ResolvedModel
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 
-from ..config import RayConfig, RLConfig
+from ..config import RLConfig
 from ..ray_cluster import COLOCATED_SHARE, connect
 
 VLLM_DEFAULTS: dict[str, Any] = {"kv_cache_gib": 1.0, "max_num_seqs": 64}  # one process on a CPU: a small KV cache
@@ -39,7 +39,7 @@ async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = Non
     return trainable(make_engine("hf", resolved.path, context_length=context, **weights))
 
 
-async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, max_response_tokens: int,
+async def start_rollout(rl: RLConfig, model_path: str, context_length: int, max_response_tokens: int,
                         bundles: Any = None, transfer: str | None = None):
     """The rollout workers behind one ReplicaPool, and the sandbox actors (not yet started). `bundles`: the learner
     group's placement (colocated): worker i in rank i's bundle, on its GPU, with vLLM's sleep mode. `transfer`: vLLM's
@@ -49,20 +49,21 @@ async def start_rollout(cfg: RayConfig, model_path: str, context_length: int, ma
 
     from .ray_engine import start_ray_engines
 
+    cfg = rl.ray
     connect(cfg)
-    options, gpus = cfg.engine_options, cfg.gpus_per_rollout_worker
+    options, gpus = rl.engine_options, cfg.gpus_per_rollout_worker
     if bundles is not None:
         gpus = cfg.gpus_per_learner * (1 - COLOCATED_SHARE)
-        if cfg.rollout_engine == "vllm":
+        if rl.rollout_engine == "vllm":
             options = {"sleep_mode": True, **options}
-    if cfg.rollout_engine == "vllm":
+    if rl.rollout_engine == "vllm":
         options = {**options, "weight_transfer": transfer}
-    engines = await start_ray_engines(cfg.rollout_engine, model_path, cfg.rollout_workers,
+    engines = await start_ray_engines(rl.rollout_engine, model_path, cfg.rollout_workers,
                                       context_length=context_length, num_cpus=cfg.cpus_per_rollout_worker,
                                       num_gpus=gpus, engine_options=options, max_restarts=cfg.max_worker_restarts,
                                       bundles=bundles)
     pool = ReplicaPool(engines, cfg.replica_policy, max_response_tokens=max_response_tokens)
-    sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=cfg.sandbox_workers),
+    sandbox = RaySandbox(cfg.sandbox_actors, SandboxConfig(workers=rl.sandbox_workers),
                          num_cpus_per_actor=cfg.cpus_per_sandbox_actor, max_restarts=cfg.max_worker_restarts,
                          actor_options={"resources": cfg.sandbox_resources} if cfg.sandbox_resources else None)
     return pool, sandbox
