@@ -7,15 +7,19 @@ imports no other module of the wing; everything above it imports its config from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 LOGPROB_CHUNK_TOKENS = 1024  # the LM head's token chunk (learner/chunked_head.py): ~2 GB of temporaries at Qwen3's
 GROUP_TIMEOUT_S = 600.0  # the learner group's collectives (torch's NCCL default); checkpoints wait on their own group
 EXPORT_DTYPES = ("fp32", "bf16")  # a checkpoint's HF export (learner/checkpoint.py)
-DISTRIBUTED = ("none", "ray")
-ROLLOUT_ENGINES = ("hf", "vllm")
-ROLLOUT_CORRECTIONS = ("auto", "none", "tis")
-PLACEMENTS = ("separate", "colocated")
+Distributed = Literal["none", "ray"]
+RolloutEngine = Literal["hf", "vllm"]  # what training can drive (engines/base.py TrainableEngine)
+RolloutCorrection = Literal["auto", "none", "tis"]
+PlacementName = Literal["separate", "colocated"]
+DISTRIBUTED: tuple[str, ...] = get_args(Distributed)
+ROLLOUT_ENGINES: tuple[str, ...] = get_args(RolloutEngine)
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+PLACEMENTS: tuple[str, ...] = get_args(PlacementName)
 
 
 @dataclass
@@ -201,7 +205,7 @@ class RLConfig:
     # top_p < 1 the engine's are renormalized over the nucleus and the learner's are not, so keep top_p 1 here
     # auto: none with max_staleness 0 (the release), tis with max_staleness >= 1 (then the loss is decoupled PPO, as
     # AReaL's: clipped against the learner's proximal logprobs, weighted by the truncated ratio to the behaviour policy)
-    rollout_correction: str = "auto"  # auto, none or tis
+    rollout_correction: RolloutCorrection = "auto"
     tis_cap: float = 2.0
     # bounded staleness: 0, the paper's synchronous step; k >= 1: the rollouts of the next k steps are generated while
     # the learner updates, on weights at most k updates old (rollout/version_gate.py). Needs a rollout engine with its
@@ -240,16 +244,16 @@ class RLConfig:
     tensorboard: bool = False  # per-step metrics to out/tensorboard, when tensorboard is installed
     wandb_project: str | None = None  # ... and to this Weights & Biases project, when wandb is installed
     data_dir: str | None = None  # benchmark mirrors that curating a stage's sources decontaminates against
-    distributed: str = "none"  # none: one process (rollout_engine below); ray: learner/ray_group.py
+    distributed: Distributed = "none"  # none: one process (rollout_engine below); ray: learner/ray_group.py
     # one process: hf shares the learner's weights (no sync); vllm runs vLLM in this process, prefix cache and
     # continuous batching, the new weights pushed after each update. engine_options: VLLMEngine's (kv_cache_gib...)
-    rollout_engine: str = "hf"
+    rollout_engine: RolloutEngine = "hf"
     engine_options: dict[str, Any] = field(default_factory=dict)
     ray: RayConfig = field(default_factory=RayConfig)
     # where the learner and the rollout engines sit on the GPUs: separate (each on GPUs of its own), or colocated (the
     # same GPUs, as verl's hybrid engine: the engines asleep during the update, the new weights pushed in place;
     # synchronous steps only). learner/colocated.py
-    placement: str = "separate"
+    placement: PlacementName = "separate"
     # how the new weights reach the rollout engines after each update (train/push: auto, shared, chunked, ipc, nccl,
     # collective, object_store); auto picks by the placement
     weight_push: str = "auto"

@@ -31,6 +31,8 @@ from typing import Any
 
 from rstar2_agent.engines.base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, trainable
 
+from ..config import ROLLOUT_ENGINES
+
 log = logging.getLogger(__name__)
 
 
@@ -301,8 +303,8 @@ async def start_ray_engines(kind: str, model_path: str, n: int, *, context_lengt
     import ray
     from transformers import AutoTokenizer
 
-    if kind not in ("hf", "vllm"):
-        raise EngineError(f"rollout workers run the hf or vllm engine, not {kind!r}")
+    if kind not in ROLLOUT_ENGINES:
+        raise EngineError(f"rollout workers run the {' or '.join(ROLLOUT_ENGINES)} engine, not {kind!r}")
     cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=100_000)(EngineActor)
 
     def spawn(i: int) -> Any:
