@@ -256,13 +256,19 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
     queue: asyncio.Queue = asyncio.Queue()
     t0 = time.monotonic()
     first = [True]
+    include_usage, continuous = req.usage_in_stream()
+    tokens, ended = [0] * req.n, [False] * req.n  # each choice's generated tokens so far; the choices that ended
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        out = {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        if continuous:  # as vLLM: the prompt and this choice's tokens so far
+            out["usage"] = _usage(len(prompt), tokens[index])
+        return out
 
     async def one(index: int) -> None:
         eos, split = server.format_for(req).eos_text, server.splits(req)
         reader = LoopReader(server.reply_parser(req, prompt, loop=True), eos)
+        engine = Counted(server.engine, tokens, index) if continuous else None
 
         def put(deltas: list[Delta]) -> None:
             for d in deltas:
@@ -278,13 +284,15 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
 
         try:
             if req.tools:
-                _, finish, _, _, _ = await server.run_client_tools(req, index, prompt, on_deltas=put,
-                                                                   constraint=constraint)
+                _, finish, _, tokens[index], _ = await server.run_client_tools(req, index, prompt, on_deltas=put,
+                                                                               constraint=constraint, engine=engine)
+                ended[index] = True
                 queue.put_nowait(chunk(index, {}, finish))
             else:
-                traj = await server.run_loop(req, index, prompt, on_event)
+                traj = await server.run_loop(req, index, prompt, on_event, engine=engine)
                 if split:
                     put(reader.finish())
+                tokens[index], ended[index] = traj.num_generated_tokens, True
                 queue.put_nowait(chunk(index, {"rstar2": {k: v for k, v in trajectory_extension(traj).items()
                                                           if k != "turns"}}, finish_of(traj)))
         except OpenAIError as e:
@@ -318,6 +326,8 @@ async def stream_chat(server: Server, req: ChatRequest, cid: str, prompt: list[i
             while not queue.empty():
                 yield sse(queue.get_nowait())
             break
+        if include_usage and all(ended):  # as OpenAI and vLLM: no choices, the whole request's usage
+            yield sse({**base, "choices": [], "usage": _usage(len(prompt), sum(tokens))})
         yield "data: [DONE]\n\n"
     finally:  # a client that went away cancels its generation and its sandbox work
         if getter is not None:
@@ -334,6 +344,14 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
     base = {"id": cid, "object": "text_completion", "created": now(), "model": server.cfg.model_name}
     queue: asyncio.Queue = asyncio.Queue()
     current_request.set(cid)
+    include_usage, continuous = req.usage_in_stream()
+    tokens = [0] * req.n
+
+    def chunk(index: int, choice: dict[str, Any]) -> dict[str, Any]:
+        out = {**base, "choices": [choice]}
+        if continuous:
+            out["usage"] = _usage(len(prompt), tokens[index])
+        return out
 
     async def one(index: int) -> None:
         try:
@@ -348,7 +366,7 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
 
     server.metrics.in_flight.inc()
     tasks = [asyncio.create_task(one(i)) for i in range(req.n)]
-    pending = set(range(req.n))
+    pending, finished = set(range(req.n)), 0
     try:
         while pending:
             index, item, lps = await queue.get()
@@ -356,11 +374,16 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
                 yield sse({"error": item.body()["error"]})
                 pending.discard(index)
             elif isinstance(item, list):
-                yield sse({**base, "choices": [_completion_choice(server, req, index, item, lps, None, None)]})
+                tokens[index] += len(item)
+                yield sse(chunk(index, _completion_choice(server, req, index, item, lps, None, None)))
             else:
-                choice = _completion_choice(server, req, index, [], [], item.finish_reason, item.stop_text)
-                yield sse({**base, "choices": [choice]})
+                tokens[index] = len(item.token_ids)
+                yield sse(chunk(index, _completion_choice(server, req, index, [], [], item.finish_reason,
+                                                          item.stop_text)))
                 pending.discard(index)
+                finished += 1
+        if include_usage and finished == req.n:
+            yield sse({**base, "choices": [], "usage": _usage(len(prompt), sum(tokens))})
         yield "data: [DONE]\n\n"
     finally:  # a client that went away cancels its generation
         for t in tasks:
@@ -368,6 +391,24 @@ async def stream_completion(server: Server, req: CompletionRequest, prompt: list
         with contextlib.suppress(BaseException):
             await asyncio.gather(*tasks)
         server.metrics.in_flight.dec()
+
+
+class Counted:
+    """An engine as one streamed choice sees it: each token it hands on is first counted in `tokens[index]` (the
+    usage so far, for stream_options.continuous_usage_stats)."""
+
+    def __init__(self, engine: Any, tokens: list[int], index: int):
+        self.engine, self.tokens, self.index = engine, tokens, index
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any, on_tokens: Any = None) -> Any:
+        def counted(ids: list[int], logprobs: list[float] | None = None) -> None:
+            self.tokens[self.index] += len(ids)
+            on_tokens(ids, logprobs)
+
+        return await self.engine.generate(prompt_ids, sampling, counted if on_tokens is not None else None)
 
 
 # ---------------------------------------------------------------------------------------------- completions

@@ -284,12 +284,16 @@ class _Request(BaseModel):
         if self.stream_options is not None:
             if not self.stream:
                 raise InvalidField("stream_options", "stream_options is only allowed with stream=true")
-            if set(self.stream_options) - {"include_usage"}:
-                raise InvalidField("stream_options", "stream_options takes only include_usage")
-            if self.stream_options.get("include_usage"):
-                raise InvalidField("stream_options.include_usage", "stream_options.include_usage is not "
-                                   "supported: streams carry no usage chunk; a request without stream returns it")
+            if set(self.stream_options) - {"include_usage", "continuous_usage_stats"}:
+                raise InvalidField("stream_options", "stream_options takes only include_usage and "
+                                                     "continuous_usage_stats")
         return self
+
+    def usage_in_stream(self) -> tuple[bool, bool]:
+        """(the stream ends in a usage chunk, every chunk carries the usage so far), as vLLM reads stream_options:
+        continuous_usage_stats counts only with include_usage."""
+        usage = bool((self.stream_options or {}).get("include_usage"))
+        return usage, usage and bool((self.stream_options or {}).get("continuous_usage_stats"))
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

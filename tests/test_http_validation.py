@@ -67,7 +67,6 @@ BAD_CHAT = [
     (chat(logprobs=True, stream=True), "logprobs"),
     (chat(response_format={"type": "json_object"}), "response_format.type"),
     (chat(stream_options={"include_usage": False}), "stream_options"),  # without stream
-    (chat(stream=True, stream_options={"include_usage": True}), "stream_options.include_usage"),
     (chat(stream=True, stream_options={"include_usage": "yes"}), "stream_options.include_usage"),
     (chat(stream=True, stream_options={"continuous": True}), "stream_options"),
     # messages
