@@ -10,8 +10,8 @@ import time
 import pytest
 
 from rstar2_agent.eval.benchmarks.gpqa_diamond.choice import grade_choice, letter_of
-from rstar2_agent.eval.scores import Graded, GraderVotes, grader_vote, normalize_answer, pass_at_k, summarize, vote
 from rstar2_agent.eval.report import graded
+from rstar2_agent.eval.scores import Graded, GraderVotes, grader_vote, normalize_answer, pass_at_k, summarize, vote
 from rstar2_agent.grading.math import MathGrader
 
 
