@@ -70,7 +70,8 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
 
     from rich.console import Console
 
-    from .chat import ChatOptions, chat_loop, chat_once
+    from .chat.conversation import ChatOptions
+    from .chat.terminal import chat_loop, chat_once
     from .engines import EngineError
     from .models import ModelError
     from .sandbox import SandboxConfig, SandboxError, make_sandbox

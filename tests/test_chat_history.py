@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rstar2_agent.chat import ChatOptions, Conversation, ConversationError, next_question_ids, user_message
+from rstar2_agent.chat.conversation import ChatOptions, Conversation, ConversationError, next_question_ids, user_message
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError
 from rstar2_agent.release_format import PROBLEM_PREFIX, render

@@ -20,7 +20,7 @@ from conftest import ROOT
 # Source folder of each installed package (pyproject's package-dir: the faces keep their top-level folders).
 FOLDERS = {"rstar2_agent": ROOT / "rstar2_agent", "rstar2_agent.serve": ROOT / "serve",
            "rstar2_agent.eval": ROOT / "eval", "rstar2_agent.train": ROOT / "train",
-           "rstar2_agent.bench": ROOT / "bench"}
+           "rstar2_agent.chat": ROOT / "chat", "rstar2_agent.bench": ROOT / "bench"}
 FACES = ("rstar2_agent.serve", "rstar2_agent.eval", "rstar2_agent.train", "rstar2_agent.chat")
 ENTRY = "rstar2_agent.cli"
 BENCH = "rstar2_agent.bench"
@@ -31,7 +31,7 @@ def modules() -> dict[str, Path]:
     for package, folder in FOLDERS.items():
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder).with_suffix("").parts
-            if parts[0] in ("serve", "eval", "train", "bench") and package == "rstar2_agent":
+            if parts[0] in ("serve", "eval", "train", "chat", "bench") and package == "rstar2_agent":
                 continue  # not there; the faces live in their own folders
             name = ".".join((package, *parts)).removesuffix(".__init__")
             out[name] = path
@@ -111,9 +111,9 @@ def test_the_command_line_loads_a_face_only_to_run_it():
     import subprocess
     import sys
 
-    code = ("import sys, rstar2_agent.cli; print(sorted(m for m in sys.modules if m.startswith(("
-            "'rstar2_agent.serve', 'rstar2_agent.eval', 'rstar2_agent.train', 'rstar2_agent.bench', 'sqlalchemy', "
-            "'fastapi'))))")
+    code = ("import sys, rstar2_agent.cli; top = ('rstar2_agent.serve', 'rstar2_agent.eval', 'rstar2_agent.train', "
+            "'rstar2_agent.chat', 'rstar2_agent.bench', 'sqlalchemy', 'fastapi'); "
+            "print(sorted(m for m in sys.modules if m in top or m.startswith(tuple(t + '.' for t in top))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -3,14 +3,7 @@
 Reasoning streams as it is generated, each tool call shows as highlighted code and its output in a panel,
 and the final answer stands apart. Ctrl-C stops the current answer, not the program, and drops that question;
 /reset forgets the conversation, /exit leaves. `-p QUESTION` answers once and exits (`--json` prints the
-trajectory).
-
-The conversation is kept as the model saw it, token for token (DESIGN: token-in/token-out): the next question's
-prompt is the previous answer's prompt ids and response ids (its generated ids and the inserted tool-response ids,
-so earlier tool calls and results stay), then the end of the assistant turn where the model did not write it, the
-new user turn and the generation prompt, as the format's template renders them after an assistant turn
-(`next_question_ids`). The earlier conversation is never re-rendered or re-tokenized. `Conversation.ask` is one
-question's step, the same for the terminal loop and `-p`.
+trajectory). The conversation itself is conversation.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +13,6 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -28,20 +20,13 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
 
-from .agent import AgentConfig, run_agent
-from .chat_format import ChatFormat
-from .engines import Engine
-from .engines.base import SamplingParams
-from .engines.spec import EngineSpec
-from .engines.spec import build as build_engine
-from .sandbox import Sandbox
-from .trajectory import ToolCallRecord, Trajectory
+from rstar2_agent.chat_format import ChatFormat
+from rstar2_agent.engines import Engine
+from rstar2_agent.engines.spec import build as build_engine
+from rstar2_agent.sandbox import Sandbox
+from rstar2_agent.trajectory import ToolCallRecord, Trajectory
 
-
-@dataclass
-class ChatOptions(EngineSpec):
-    temperature: float = 0.6
-    max_turns: int = 10
+from .conversation import ChatOptions, Conversation, ConversationError
 
 
 def build(opts: ChatOptions, console: Console) -> tuple[Engine, ChatFormat]:
@@ -92,74 +77,6 @@ class Renderer:
             self.console.print(Panel(Text(traj.answer, style="bold"), title="answer", border_style="magenta"))
         self.console.print(Text(f"[{traj.stop_reason}, {len(traj.turns)} turns, {len(traj.tool_calls)} tool calls, "
                                 f"{traj.num_generated_tokens} tokens, {traj.timings['total']:.1f} s]", style="dim"))
-
-
-async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, prompt_ids: list[int], opts: ChatOptions,
-                 renderer: Renderer | None) -> Trajectory:
-    """One answer to a prompt already rendered (`prompt_ids`), with the chat's sampling and budgets."""
-    cfg = AgentConfig(max_turns=opts.max_turns, max_response_tokens=opts.max_tokens,
-                      sampling=SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens))
-    return await run_agent("", engine, sandbox, fmt, cfg, on_event=renderer, prompt_ids=prompt_ids)
-
-
-def user_message(fmt: ChatFormat, text: str) -> dict[str, str]:
-    return {"role": "user", "content": fmt.user_content(text)}
-
-
-class ConversationError(Exception):
-    """The conversation cannot take the next question; the message says what to do."""
-
-
-def next_question_ids(fmt: ChatFormat, text: str, turn_ended_with_eos: bool) -> list[int]:
-    """The ids that continue the conversation with the question `text` (ChatFormat.user_turn_ids), or what to do
-    where the template cannot continue it token-exactly."""
-    try:
-        return fmt.user_turn_ids(text, turn_ended_with_eos)
-    except ValueError as e:
-        raise ConversationError(f"{e}; the conversation cannot be continued token-exactly: /reset after each answer, "
-                                "or use --format hermes") from e
-
-
-@dataclass
-class Conversation:
-    """The chat so far, as the model saw it: `ids` are the last answer's prompt ids and response ids, so every
-    earlier question, turn, tool call and tool result, token for token ([] before the first question)."""
-
-    engine: Engine
-    sandbox: Sandbox
-    fmt: ChatFormat
-    opts: ChatOptions
-    renderer: Renderer | None = None
-    ids: list[int] = field(default_factory=list)
-
-    def prompt_ids(self, text: str) -> list[int]:
-        """The prompt for the question `text`: the conversation so far continued by a user turn, or, first, the
-        format's prompt for the question alone."""
-        if not self.ids:
-            return self.fmt.render_prompt([user_message(self.fmt, text)])
-        return self.ids + next_question_ids(self.fmt, text, self.ids[-1] == self.fmt.eos_id)
-
-    async def ask(self, text: str) -> Trajectory:
-        """Answer `text` in the conversation and keep the answer in it. An answer the engine failed, or one that
-        is cancelled (Ctrl-C), leaves the conversation as it was before the question."""
-        if not self.ids:  # a remote engine learns its context length from its server first
-            await self.engine.probe()
-        prompt = self.prompt_ids(text)
-        context = self.engine.context_length
-        if len(prompt) >= context:
-            if self.ids:
-                raise ConversationError(f"the conversation has {len(prompt)} tokens of the model's {context}: "
-                                        "/reset to start over")
-            raise ConversationError(f"the question has {len(prompt)} tokens, more than the model's context of "
-                                    f"{context}: ask a shorter one")
-        traj = await answer(self.engine, self.sandbox, self.fmt, prompt, self.opts, self.renderer)
-        if traj.stop_reason != "engine_error":
-            self.ids = traj.prompt_ids + traj.response_ids
-        return traj
-
-    def reset(self) -> None:
-        """Forget the conversation: the next question starts a new one."""
-        self.ids = []
 
 
 async def chat_once(question: str, opts: ChatOptions, sandbox: Sandbox, as_json: bool, console: Console) -> int:
