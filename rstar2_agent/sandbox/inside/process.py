@@ -65,17 +65,17 @@ def place_fds(fds: tuple[int, ...]) -> None:
         os.dup2(fd, target)
 
 
-def kill_everything(is_init: bool, pid: int, *, group: bool) -> None:
-    """Inside a pid namespace (we are its init) every process but us; else `pid`, or its process group."""
+def kill(pid: int) -> None:
+    """SIGKILL to `pid` (-1: every process but us), or to the process group -`pid`; gone already is fine."""
     try:
-        if is_init:
-            os.kill(-1, signal.SIGKILL)
-        elif group:
-            os.killpg(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_everything(is_init: bool, pid: int, *, group: bool) -> None:
+    """Inside a pid namespace (we are its init) every process but us; else `pid`, or its process group."""
+    kill(-1 if is_init else -pid if group else pid)
 
 
 def wipe(path: str) -> None:

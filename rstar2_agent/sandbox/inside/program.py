@@ -21,34 +21,16 @@ STATUS = struct.Struct("=Biq")
 STATUSES = ("ok", "error", "timeout", "memory")
 
 
-class _CappedRaw:
-    """A binary sink on an fd that keeps the first `limit` bytes and counts the rest."""
-
-    def __init__(self, fd: int, limit: int):
-        self.fd, self.limit, self.written, self.dropped = fd, limit, 0, 0
-
-    def write(self, b: bytes) -> None:
-        room = self.limit - self.written
-        if room <= 0:
-            self.dropped += len(b)
-            return
-        keep = b[:room]
-        self.dropped += len(b) - len(keep)
-        while keep:
-            n = os.write(self.fd, keep)
-            self.written += n
-            keep = keep[n:]
-
-
 class Stream:
-    """sys.stdout/sys.stderr replacement: text in, capped bytes out through a small buffer."""
+    """sys.stdout/sys.stderr replacement: text in, bytes out on `fd` through a small buffer, of which it keeps the
+    first `limit` bytes and counts the rest (`dropped`)."""
 
     encoding = "utf-8"
     errors = "replace"
     BUF = 8192
 
     def __init__(self, fd: int, limit: int):
-        self.raw = _CappedRaw(fd, limit)
+        self.fd, self.limit, self.written, self.dropped = fd, limit, 0, 0
         self.closed = False
         self.buffer = self
         self._buf: list[bytes] = []
@@ -57,12 +39,12 @@ class Stream:
     def write(self, s) -> int:
         if self.closed:
             raise ValueError("I/O operation on closed file.")
-        if self.raw.written >= self.raw.limit:  # full: count, do not encode megabytes for nothing
-            self.raw.dropped += len(s)
+        if self.written >= self.limit:  # full: count, do not encode megabytes for nothing
+            self.dropped += len(s)
             return len(s)
         if isinstance(s, str):
-            data = s[: self.raw.limit].encode("utf-8", "replace")
-            self.raw.dropped += len(s) - min(len(s), self.raw.limit)
+            data = s[: self.limit].encode("utf-8", "replace")
+            self.dropped += len(s) - min(len(s), self.limit)
         else:
             data = bytes(s)
         self._buf.append(data)
@@ -80,7 +62,12 @@ class Stream:
             raise ValueError("I/O operation on closed file.")
         if self._buf:
             data, self._buf, self._size = b"".join(self._buf), [], 0
-            self.raw.write(data)
+            keep = data[: max(0, self.limit - self.written)]
+            self.dropped += len(data) - len(keep)
+            while keep:
+                n = os.write(self.fd, keep)
+                self.written += n
+                keep = keep[n:]
 
     def close(self) -> None:
         if not self.closed:
@@ -91,7 +78,7 @@ class Stream:
         return False
 
     def fileno(self) -> int:
-        return self.raw.fd
+        return self.fd
 
     def writable(self) -> bool:
         return True
@@ -183,7 +170,7 @@ def finish(out: Stream, err: Stream, result: dict) -> bytes:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    dropped = out.raw.dropped + err.raw.dropped
+    dropped = out.dropped + err.dropped
     return STATUS.pack(STATUSES.index(result["status"]), result["exit_code"] & 0x7FFFFFFF, dropped)
 
 

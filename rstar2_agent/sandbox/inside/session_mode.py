@@ -14,7 +14,7 @@ import sys
 import time
 
 from .frames import result_frame
-from .process import kill_everything, outputs, place_fds, raise_oom_score, read_all, set_limits
+from .process import kill, kill_everything, outputs, place_fds, raise_oom_score, read_all, set_limits
 from .program import STATUS, capture, execute, finish, fresh_namespace, parse_report
 
 KERNEL_GRACE = 2.0  # seconds past a cell's wall limit before the control process gives up on the kernel
@@ -105,10 +105,7 @@ class SessionRunner:
             if not strays:
                 break
             for pid in strays:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill(pid)
             self._reap()
             time.sleep(0.001)
         self._reap()
