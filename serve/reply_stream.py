@@ -4,7 +4,7 @@ One parser for both forms of a response, so that a streamed reply reassembles to
 construction: the non-streamed answer feeds the whole text at once, the stream feeds each decoded delta as it
 comes. What it holds back between feeds is only what the next text could still change (the start of a tag, a
 call's head before its name is known, whitespace that may end a part), so where the text is cut never changes what
-comes out (tests/test_reply_stream.py replays recorded replies cut at every boundary).
+comes out (tests/serve/test_reply_stream.py replays recorded replies cut at every boundary).
 
 The split, as vLLM's and SGLang's reasoning parsers make it:
 - rStar2 formats (`rstar2-paper`, `rstar2-release`): the `<answer>` block(s), tags kept, are the content (the part

@@ -33,7 +33,7 @@ formats use the same syntax): `<tool_call>\\n{"name": "<name>", "arguments": {..
   newline. Pass the calls a turn may run (HermesFormat.max_calls_per_turn, 8): a small model, once calling, tends
   to call again and again until its budget ends (measured on SmolLM2-135M), and calls past the cap are not run.
 
-Named limitation (measured on xgrammar 0.2.8, tests/test_tool_constraints.py): xgrammar's own form for a required
+Named limitation (measured on xgrammar 0.2.8, tests/serve/test_tool_constraints.py): xgrammar's own form for a required
 call, `triggered_tags` with `at_least_one=True` (what its builtin `get_model_structural_tag(..., tool_choice=
 "required")` builds), accepts no text before the first tag: its free text is only allowed after the first tag.
 So that form would force the call first; the sequence above (a text region that ends at `<tool_call>`, which is

@@ -246,7 +246,7 @@ def until_sync(condition, what, timeout: float = 20.0, every: float = 0.02) -> N
 def tiny(tmp_path, **kw) -> RLConfig:
     """A small RL run of SmolLM2 writing under `tmp_path`: 2 steps of 2 prompts x 2 rollouts, 48 response tokens,
     2 turns, markdown format; `kw`: RLConfig fields to change. The base SmolLM2 and the tiny random model write no
-    answer the reward reads, so the start check is off (tests/test_start_check.py has its own)."""
+    answer the reward reads, so the start check is off (tests/train/test_start_check.py has its own)."""
     from rstar2_agent.train.config import RLConfig, Stage, StartCheck
 
     base = dict(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],

@@ -4,7 +4,7 @@ without math-verify for the forms models write an integer in.
 Each form below is there because math-verify's verdict on it is a function of the integers written in it, the same
 for every value: mostly the integer comparison (`42`, `-042`, `42.0`, `$42$`, `42^\\circ`, `42\\text{ cm}`, `(42)`,
 `\\frac{84}{2}`, `1{,}000`, `x = 42`, `42;`, ...), elsewhere what math-verify reads the form as
-(tests/test_grading_forms.py checks every form against math-verify over seeded values: zero, negatives, leading
+(tests/core/test_grading_forms.py checks every form against math-verify over seeded values: zero, negatives, leading
 zeros, numbers of hundreds of digits):
 
 - `42\\%` is 42/100, and math-verify also compares a percentage's number itself: right against 42, and `4200\\%`

@@ -13,8 +13,8 @@ the prediction is one of the forms models write an integer in, decide from the i
 math-verify's verdict on it is a function of the integers written in it for every value: the integer comparison
 (`42`, `042.0`, `42^\\circ`, `\\$42`, `42\\text{ cm}`, `(42)`, `\\frac{84}{2}`, `1{,}000`, ...) or what math-verify
 reads the form as (`\\text{042}` is compared as text and wrong against 42, `-5\\%` is -0.05, `4\\,2` the mixed
-number 4+2, `+7.` is wrong); tests/test_grading_forms.py checks each form against math-verify over seeded values,
-and the corpus tests in tests/test_grading_integers.py over >10,000 pairs. A form whose verdict depends on more
+number 4+2, `+7.` is wrong); tests/core/test_grading_forms.py checks each form against math-verify over seeded values,
+and the corpus tests in tests/core/test_grading_integers.py over >10,000 pairs. A form whose verdict depends on more
 than that goes to math-verify.
 """
 

@@ -1,5 +1,5 @@
 """The memory plan's formulas, at the bottom of the plan package: bytes per token of one micro-batch's activations
-(`activations`, checked against measured peak memory: tests/test_train_plan.py on CPU, bench/gpu_check.py's memory
+(`activations`, checked against measured peak memory: tests/train/test_train_plan.py on CPU, bench/gpu_check.py's memory
 probe on a GPU), GiB per learner GPU (`learner_parts`) and per vLLM rollout GPU (`engine_parts`), and what makes a
 learner fit (`learner_advice`). The formulas and what they leave out are in docs/memory.md.
 

@@ -17,7 +17,7 @@ from rstar2_agent.grading.math import MathGrader, integer_verdict, verify_answer
 
 from conftest import hang_grade, until
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 DATA_DIR = str(SHARED) if SHARED.is_dir() else None  # the benchmarks' golds join the corpus when present
 
 # The fast path disagrees with math-verify nowhere: a form on which it would (see below) is left to math-verify.
@@ -48,7 +48,7 @@ def test_decided_forms_match_math_verify(predicted, gold, correct):
 ])
 def test_forms_whose_verdict_is_not_the_integers_go_to_math_verify(predicted, gold):
     """(What math-verify reads `\\text{042}`, `-5\\%`, `+7.`, `4\\,2`, `42,000`, ... as, the fast path decides the same
-    way: tests/test_grading_forms.py.)"""
+    way: tests/core/test_grading_forms.py.)"""
     assert integer_verdict(predicted, gold) is None
 
 

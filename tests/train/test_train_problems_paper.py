@@ -22,7 +22,7 @@ from rstar2_agent.train.train_commands import train_group
 
 from conftest import serving
 
-DATA = Path(__file__).resolve().parent / "data" / "problems"
+DATA = Path(__file__).resolve().parents[1] / "data" / "problems"
 BENCH = DATA / "benchmarks"
 SOURCES = PaperSources(dapo=f"dapo:{DATA / 'dapo.jsonl'}", aops=f"omr:{DATA / 'omr.jsonl'}",
                        euler=f"euler:{DATA / 'euler.jsonl'}")

@@ -23,7 +23,7 @@ from rstar2_agent.tool_calls import ToolCall
 
 from conftest import ScriptedEngine, chat_prompt_ids
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 TEMPLATE = REFERENCE / "rstar2-release-chat-template.jinja"
 TOOL_CONFIG = REFERENCE / "rstar2-release-python-tool.yaml"
 needs_reference = pytest.mark.skipif(not TEMPLATE.exists(), reason="../shared/reference is not on this machine")

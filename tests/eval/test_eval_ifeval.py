@@ -20,8 +20,8 @@ from rstar2_agent.store import Store
 
 from conftest import uvicorn_app
 
-FIXTURE = Path(__file__).resolve().parent / "data"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIXTURE = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 LOWER = "change_case:english_lowercase"
 QUOTE = "startend:quotation"

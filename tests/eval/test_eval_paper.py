@@ -20,13 +20,13 @@ from rstar2_agent.eval.benchmarks import BENCHMARKS, PAPER
 from rstar2_agent.eval.benchmarks.base import REASONING_BUDGET
 from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3
 from rstar2_agent.eval.eval_commands import eval_group
-from rstar2_agent.eval.harness import Source, default_run_name
+from rstar2_agent.eval.harness import ModelSource, default_run_name
 from rstar2_agent.eval.paper import Interval, PaperRow, bfcl_interval, paper_table, problem_interval, wilson
 from rstar2_agent.eval.runner import EvalConfig
 from rstar2_agent.store import Sample, Store
 
-FIXTURE = Path(__file__).resolve().parent / "data"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIXTURE = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
 
@@ -73,7 +73,7 @@ def test_cli_leaves_unset_flags_to_the_benchmark(monkeypatch, tmp_path):
 
 
 def test_the_same_effective_settings_resume_the_same_run(tmp_path):
-    store, source, aime = Store(tmp_path / "s.db"), Source(), BENCHMARKS["aime24"].defaults
+    store, source, aime = Store(tmp_path / "s.db"), ModelSource(), BENCHMARKS["aime24"].defaults
 
     def open_run(cfg: EvalConfig, defaults=aime, bench="aime24"):
         resolved = cfg.resolve(defaults)
@@ -159,7 +159,7 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
     store = Store(tmp_path / "paper.db")
     cfg = EvalConfig(n=2, max_tokens=32, max_turns=2, limit=1, concurrency=4, retries=0)
     log = Console(file=io.StringIO(), width=250)
-    rows = _rows_by_name(await paper.run_paper(Source(), cfg, store, data_dir=str(FIXTURE), categories="simple",
+    rows = _rows_by_name(await paper.run_paper(ModelSource(), cfg, store, data_dir=str(FIXTURE), categories="simple",
                                          console=log, engine=engine))
     for name, file in (("aime25", "aime25.jsonl"), ("hmmt25", "hmmt_feb_2025.jsonl"), ("math500", "math500.jsonl"),
                        ("gpqa_diamond", "gpqa_diamond.jsonl")):
@@ -177,7 +177,7 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
     runs = {r.benchmark: r for r in store.runs()}
     before = {b: [s.id for s in store.samples(r.id)] for b, r in runs.items()}
     assert len(before["aime24"]) == 2 and len(before["bfcl_v3"]) == 2
-    again = _rows_by_name(await paper.run_paper(Source(), cfg, store, data_dir=str(FIXTURE), categories="simple",
+    again = _rows_by_name(await paper.run_paper(ModelSource(), cfg, store, data_dir=str(FIXTURE), categories="simple",
                                           console=log, engine=engine))
     assert {b: [s.id for s in store.samples(r.id)] for b, r in runs.items()} == before  # resumed: nothing new
     assert again["aime24"].score == aime.score and again["bfcl_v3"].score == bfcl.score
@@ -188,7 +188,7 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
 async def test_paper_runs_all_six_with_the_mirrors(tmp_path, monkeypatch, engine):
     monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
     cfg = EvalConfig(n=1, max_tokens=24, max_turns=1, limit=1, concurrency=4, retries=0)
-    rows = _rows_by_name(await paper.run_paper(Source(), cfg, Store(tmp_path / "paper.db"), data_dir=str(SHARED),
+    rows = _rows_by_name(await paper.run_paper(ModelSource(), cfg, Store(tmp_path / "paper.db"), data_dir=str(SHARED),
                                          categories="simple", console=Console(file=io.StringIO()), engine=engine))
     assert all(not r.skipped and r.problems == 1 and r.n == 1 for r in rows.values())
     assert all(rows[b].interval.method == "wilson" for b in ("aime24", "aime25", "hmmt25", "math500", "gpqa_diamond"))

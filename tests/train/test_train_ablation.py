@@ -38,4 +38,4 @@ def test_the_table_pairs_runs_by_seed():
     assert rows["tool_error_ratio_positive"].diff == pytest.approx(-0.2)
     assert rows["accuracy"].diff == pytest.approx(0.1)
 
-# the command end to end (both arms, the probe, resume): tests/test_ablation_probe.py
+# the command end to end (both arms, the probe, resume): tests/train/test_ablation_probe.py

@@ -13,7 +13,7 @@ import pytest
 from rstar2_agent.paper_format import PAPER_SCHEMA
 from rstar2_agent.serve.reply_stream import Delta, ReplyParser, parse_reply, reply_of, starts_in_reasoning
 
-REPLIES = json.loads((Path(__file__).parent / "data" / "replies.json").read_text())
+REPLIES = json.loads((Path(__file__).parents[1] / "data" / "replies.json").read_text())
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
            {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]

@@ -12,8 +12,8 @@ from rstar2_agent.eval.benchmarks import DataError, get_benchmark
 from rstar2_agent.eval.benchmarks.base import sample_seed
 from rstar2_agent.store import Sample, Store, StoreError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-FIXTURE = Path(__file__).resolve().parent / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+FIXTURE = Path(__file__).resolve().parents[1] / "data"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
 
 

@@ -25,7 +25,7 @@ from rstar2_agent.eval.benchmarks.arena_hard.verdict import (
     parse_verdict,
     prompt_battles,
 )
-from rstar2_agent.eval.harness import Source, evaluate
+from rstar2_agent.eval.harness import ModelSource, evaluate
 from rstar2_agent.eval.paper import paper_row
 from rstar2_agent.eval.report import load, write_outputs
 from rstar2_agent.eval.runner import EvalConfig
@@ -33,8 +33,8 @@ from rstar2_agent.store import Store
 
 from conftest import until, uvicorn_app
 
-FIXTURE = Path(__file__).resolve().parent / "data"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIXTURE = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
 
@@ -149,13 +149,13 @@ async def test_judged_through_the_eval_path_and_resumed_without_asking_twice(tmp
     async with uvicorn_app(app) as url:
         judge = JudgeSpec(url=url, model="judge-1")
         benches = get_benchmarks(["arena_hard"], judge=judge)
-        await evaluate(["arena_hard"], Source(urls=[url], served_model="contestant"), cfg, store, "ah",
+        await evaluate(["arena_hard"], ModelSource(urls=[url], served_model="contestant"), cfg, store, "ah",
                        str(FIXTURE), benchmarks=benches)
         # the judge failed on the tie prompt's second game: that sample is an error, its first game is stored
         (first,) = load(store, "ah")
         assert len(first.samples) == 2 and first.errors == 1
         assert len(judge_rows(tmp_path / "eval.db")) == 5
-        await evaluate(["arena_hard"], Source(urls=[url], served_model="contestant"), cfg, store, "ah",
+        await evaluate(["arena_hard"], ModelSource(urls=[url], served_model="contestant"), cfg, store, "ah",
                        str(FIXTURE), benchmarks=get_benchmarks(["arena_hard"], judge=judge))
     assert app.state.judge_calls == {(k, g): 1 + ((k, g) == ("turtle", 2)) for k in MODEL for g in (1, 2)}
     uid = {"sky": "a1" * 16, "turtle": "b2" * 16, "HTTP": "c3" * 16}
@@ -226,7 +226,7 @@ async def test_the_real_model_as_contestant_and_its_own_judge(tmp_path, engine):
     store = Store(tmp_path / "eval.db")
     cfg = EvalConfig(max_tokens=24, limit=1, use_tools=False)
     for _ in range(2):
-        await evaluate(["arena_hard"], Source(), cfg, store, "smoke", str(FIXTURE), engine=engine)
+        await evaluate(["arena_hard"], ModelSource(), cfg, store, "smoke", str(FIXTURE), engine=engine)
     (result,) = load(store, "smoke")
     assert len(result.samples) == 1 and result.errors == 0 and result.run.config["judge"] == "self"
     assert [g["game"] for g in result.samples[0].details["games"]] == [1, 2]

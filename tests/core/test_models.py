@@ -64,7 +64,7 @@ def test_format_reason_says_where_each_model_s_format_comes_from(tmp_path, monke
     assert "--format template" in format_reason("org/unknown-model", None, "hermes")
 
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "rstar2-release-chat-template.jinja"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "rstar2-release-chat-template.jinja"
 
 
 @pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/reference is not on this machine")

@@ -26,7 +26,7 @@ from rstar2_agent.train.sft import run_sft
 
 from conftest import sft_config as tiny
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
 

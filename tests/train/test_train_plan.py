@@ -29,7 +29,7 @@ from rstar2_agent.train.plan.records import render
 from rstar2_agent.train.rehearsal import check_chain
 from rstar2_agent.train.train_commands import train_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RL_14B, SFT_14B = "rl-qwen3-14b-base-mi300x", "sft-qwen3-14b-base"
 MI300X_GIB = 178.8
 

@@ -30,8 +30,8 @@ from rstar2_agent.trajectory import Trajectory, Turn
 from conftest import until_sync, uvicorn_app
 
 pytestmark = pytest.mark.slow
-FIXTURE = Path(__file__).resolve().parent / "data"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+FIXTURE = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
 

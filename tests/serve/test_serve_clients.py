@@ -113,7 +113,7 @@ async def test_openai_responses_stream_reads_the_events_to_the_final_response(se
     """`responses.stream` as the client reads it, on a reply cut at max_output_tokens: typed events in order, text
     deltas that add up to the response's text, and the usage of the non-streamed response. As on OpenAI's server,
     the last event is response.incomplete, which `get_final_response()` refuses (it wants response.completed): the
-    client reads the response from that event (a reply that ends by itself: tests/test_serve_responses.py)."""
+    client reads the response from that event (a reply that ends by itself: tests/serve/test_serve_responses.py)."""
     async with openai.AsyncOpenAI(base_url=f"{serve_url}/v1", api_key="unused", max_retries=0) as client:
         kw = dict(model="smollm2-135m", input="Name a colour.", max_output_tokens=6, temperature=0)
         whole = await client.responses.create(**kw)

@@ -24,7 +24,7 @@ from rstar2_agent.train.recipe import load
 
 from conftest import uvicorn_app
 
-HUB_DIR = Path(__file__).parent / "data" / "sft"
+HUB_DIR = Path(__file__).parents[1] / "data" / "sft"
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
 

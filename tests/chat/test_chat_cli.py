@@ -28,7 +28,7 @@ def test_one_shot_json_is_a_trajectory(smol):
 
 
 def test_interactive_session_answers_twice_resets_and_exits(smol):
-    """Two questions in one conversation (the second continues the first's ids: tests/test_chat_history.py), then
+    """Two questions in one conversation (the second continues the first's ids: tests/chat/test_chat_history.py), then
     /reset and /exit."""
     p = run(["--max-tokens", "40"], stdin="What is 3*7?\nAnd 4*5?\n/reset\n/exit\n")
     assert p.returncode == 0, p.stderr[-2000:]

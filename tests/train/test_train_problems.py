@@ -29,9 +29,9 @@ from rstar2_agent.train.data.problems import (
 )
 from rstar2_agent.train.train_commands import train_group
 
-DATA = Path(__file__).resolve().parent / "data" / "problems"
+DATA = Path(__file__).resolve().parents[1] / "data" / "problems"
 BENCH = DATA / "benchmarks"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 SOURCES_ARGS = [f"dapo:{DATA / 'dapo.jsonl'}", f"omr:{DATA / 'omr.jsonl'}", f"euler:{DATA / 'euler.jsonl'}"]
 
 

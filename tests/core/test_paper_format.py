@@ -20,7 +20,7 @@ from rstar2_agent.sandbox.tools import STATELESS_SCHEMA
 
 from conftest import ScriptedEngine, chat_prompt_ids
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 TEMPLATE = REFERENCE / "rstar2-release-chat-template.jinja"
 needs_reference = pytest.mark.skipif(not TEMPLATE.exists(), reason="../shared/reference is not on this machine")
 

@@ -18,7 +18,7 @@ from rstar2_agent.serve.server import ServeConfig, Server
 
 from conftest import StreamingScriptedEngine, uvicorn_app
 
-REPLIES = json.loads((Path(__file__).parent / "data" / "replies.json").read_text())
+REPLIES = json.loads((Path(__file__).parents[1] / "data" / "replies.json").read_text())
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                                "parameters": {"type": "object", "properties": {
                                                    "city": {"type": "string"}}, "required": ["city"]}}},
