@@ -8,7 +8,7 @@ request is preempted and later recomputed (vLLM's recompute preemption). A decod
 `step_s + per_seq_s * batch + per_kv_token_s * KV tokens in the batch`; prefill (and recompute) costs
 `prefill_s` per token and stalls the replica. Between turns a trajectory waits for its tool calls.
 
-The pool side is the ReplicaPool's own state machine, `placement.Placement` (placing, the FIFO of new rollouts,
+The pool side is the ReplicaPool's own state machine, `routing.Router` (placing, the FIFO of new rollouts,
 reservations and their growth, overflows), driven by simulated events where the pool uses asyncio futures: its
 callbacks start a rollout's first turn and send a turn to its replica. One step differs: the pool also tells it
 (`hold`) what a trajectory holds when a generation returns; the simulator only at the next turn, so its length
@@ -38,7 +38,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from rstar2_agent.engines.placement import LengthModel, Placement
+from rstar2_agent.engines.routing import LengthModel, Router
 
 from .draws import poisson
 
@@ -145,7 +145,7 @@ class _Sim:
             if prior:  # what the pool learned in the previous step
                 lengths.learn([[t + i for t, i in zip(r.turns, [*r.inserted, 0], strict=True)] for r in prior])
         # the pool's own state machine; static gives every rollout out at the start (no cap on live ones)
-        self.pool = Placement(policy, [cfg.kv_tokens] * cfg.replicas, lengths=lengths, reserve=cfg.reserve,
+        self.pool = Router(policy, [cfg.kv_tokens] * cfg.replicas, lengths=lengths, reserve=cfg.reserve,
                               budget=cfg.budget, max_trajectories=None if policy == "static" else cfg.max_num_seqs,
                               on_placed=self.placed, on_released=self.send, log_overflows=False)
         self.loads = self.pool.loads

@@ -26,7 +26,7 @@ from .chat_format import (
     format_result,
 )
 from .engines.base import Engine, EngineError, SamplingParams, call_seed
-from .engines.scope import one_trajectory
+from .engines.trajectory_scope import one_trajectory
 from .sandbox import release_tool
 from .sandbox.release_tool import RELEASE_TOOL
 from .sandbox.tools import STATELESS_TOOL

@@ -1,6 +1,6 @@
 """ReplicaPool: one Engine over several engine replicas, with trajectory-sticky load balancing.
 
-A trajectory (one `run_agent` call, marked by the `current_trajectory` variable of scope.py) is placed on a
+A trajectory (one `run_agent` call, marked by the `current_trajectory` variable of trajectory_scope.py) is placed on a
 replica at its first request and stays there for all its turns, so the replica's prefix cache keeps its
 context. Policies choose the replica for each new trajectory:
 
@@ -26,8 +26,8 @@ context. Policies choose the replica for each new trajectory:
 
 KV capacity per replica is what the engine reports (vLLM's block count x block size, in-process or from an
 OpenAI-compatible server's /metrics), or `capacity_tokens` when given. The policies and all the waiting and
-reservation bookkeeping live in placement.py (`Placement`); the pool only maps its callbacks to asyncio
-futures. The simulator (bench/replicas_sim.py) drives the same `Placement`, so both run the same code.
+reservation bookkeeping live in routing.py (`Router`); the pool only maps its callbacks to asyncio
+futures. The simulator (bench/replicas_sim.py) drives the same `Router`, so both run the same code.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from collections import deque
 from typing import Any
 
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, trainable
-from .placement import POLICIES, LengthModel, Load, Placement, grow, pick
-from .scope import current_trajectory, trajectory_scope
+from .routing import POLICIES, LengthModel, Load, Router, grow, pick
+from .trajectory_scope import current_trajectory, trajectory_scope
 
 __all__ = ["POLICIES", "LengthModel", "Load", "ReplicaPool", "grow", "pick"]  # the policies, for older imports
 log = logging.getLogger(__name__)
 
 
 def _setting(name: str) -> property:
-    """A pool setting kept in its Placement, which reads it at each decision (so a change takes effect at once)."""
+    """A pool setting kept in its Router, which reads it at each decision (so a change takes effect at once)."""
     return property(lambda self: getattr(self.placement, name), lambda self, v: setattr(self.placement, name, v))
 
 
@@ -87,7 +87,7 @@ class ReplicaPool(TrainableEngine):
             raise EngineError(f"{len(caps)} capacities for {len(engines)} replicas")
         # KV tokens each replica holds: given, or as the engine reports it, else its batch of full contexts (hf)
         capacities = [c or e.kv_capacity or e.context_length * e.max_batch for c, e in zip(caps, engines, strict=True)]
-        self.placement = Placement(
+        self.placement = Router(
             policy, capacities, on_placed=self._wake, on_released=self._wake, abandoned=self._abandoned,
             lengths=self.lengths if reserve_quantile is not None else None, reserve=reserve_tokens,
             budget=max_response_tokens, max_context=self.context_length, max_trajectories=max_trajectories)
@@ -162,7 +162,7 @@ class ReplicaPool(TrainableEngine):
         await future  # a cancelled one stays until end_trajectory (or the queue drops it: _abandoned)
 
     def _wake(self, key: int, replica: int) -> None:
-        """Placement's callback: the trajectory is placed, or its turn may go. A request waiting for it goes on;
+        """Router's callback: the trajectory is placed, or its turn may go. A request waiting for it goes on;
         one that is still in the call (arrive, renew) has no future yet and learns it from the return value."""
         future = self._waiters.pop(key, None)
         if future is not None and not future.done():

@@ -10,9 +10,9 @@ import pytest
 
 from rstar2_agent.bench.replicas_sim import SimConfig, longtail, recorded, simulate
 from rstar2_agent.engines.base import Engine, Generation, SamplingParams
-from rstar2_agent.engines.placement import Placement
 from rstar2_agent.engines.replicas import POLICIES, LengthModel, ReplicaPool
-from rstar2_agent.engines.scope import current_trajectory, one_trajectory
+from rstar2_agent.engines.routing import Router
+from rstar2_agent.engines.trajectory_scope import current_trajectory, one_trajectory
 
 
 class StubEngine(Engine):
@@ -221,10 +221,10 @@ async def test_a_replica_where_every_trajectory_waits_to_grow_lets_one_go_as_an_
     assert_released(pool)
 
 
-# ---------------------------------------------------------------- the state machine both drive (placement.py)
-def recording_placement(policy: str, capacities: list[int], **kw) -> tuple[Placement, list]:
+# ---------------------------------------------------------------- the state machine both drive (routing.py)
+def recording_placement(policy: str, capacities: list[int], **kw) -> tuple[Router, list]:
     events: list = []
-    placement = Placement(policy, capacities, on_placed=lambda k, r: events.append(("placed", k, r)),
+    placement = Router(policy, capacities, on_placed=lambda k, r: events.append(("placed", k, r)),
                           on_released=lambda k, r: events.append(("go", k, r)), **kw)
     return placement, events
 

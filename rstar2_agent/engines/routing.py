@@ -1,11 +1,11 @@
 """Where trajectories run: the placement policies and the state machine that applies them over replicas.
 
 The policies (`pick`, `grow`, `LengthModel`; what they mean is in replicas.py's docstring) are plain functions
-of the replicas' `Load`s. `Placement` is the bookkeeping around them, synchronous and without events, so that
+of the replicas' `Load`s. `Router` is the bookkeeping around them, synchronous and without events, so that
 two drivers run the same code: ReplicaPool (replicas.py) over real engines, with asyncio futures, and the
 discrete-event simulator (rstar2_agent.bench.replicas_sim), with simulated time.
 
-A driver tells a `Placement` what happens to a trajectory (its `key`):
+A driver tells a `Router` what happens to a trajectory (its `key`):
 - `arrive(key, prompt_tokens)`: a new trajectory; it is placed on a replica, or queued (FIFO) while none
   takes it; queued ones are placed in order when room appears.
 - `renew(key, context)`: its next turn, with `context` tokens, wants to run. kv_aware renews the reservation
@@ -187,7 +187,7 @@ class _Turn:
 Callback = Callable[[int, int], None]
 
 
-class Placement:
+class Router:
     """The pool's placement and reservation bookkeeping over replicas of the given KV `capacities`.
 
     kv_aware reserves prompt + `reserve` tokens when `reserve` is set (fixed); else adaptively from `lengths`
