@@ -186,9 +186,9 @@ def fit_sync(run: RunData, contention: float, skip: int = 1, rollouts_per_step: 
         if run.recipe.get("distributed") == "ray" else 1
     wl = Workload(prompts=len(replay[0]), rollouts_per_prompt=1, max_tokens=int(max(t for b in replay for t, _ in b)),
                   tool_calls=0.0, max_turns=int(stage.get("max_turns", 10)), tool_latency_s=tool, replay=replay)
-    learner = SimLearner(update_s=_mean(hist, "time_update"), push_s=_mean(hist, "time_weight_sync"),
+    learner = SimLearner(update_s=_mean(hist, "time_update"), push_s=_mean(hist, "time_push"),
                       grade_s=_mean(hist, "time_grading"))
-    phases = ("time_rollout", "time_grading", "time_update", "time_weight_sync")
+    phases = ("time_rollout", "time_grading", "time_update", "time_push")
     if all("step_time" in m for m in hist):
         learner.other_s = max(0.0, _mean(hist, "step_time") - sum(_mean(hist, k) for k in phases))
     measured = [m["time_rollout"] for m in hist]
@@ -300,7 +300,7 @@ def _measured_step_times(run: RunData, skip: int) -> float:
     if run.schedule().max_staleness:
         raise CalibrationError(f"{run.name}: the steps lack step_time, which an overlapped schedule needs (its phases "
                                "overlap, their sum is not the step)")
-    keys = ("time_rollout", "time_grading", "time_update", "time_weight_sync")
+    keys = ("time_rollout", "time_grading", "time_update", "time_push")
     return sum(sum(m.get(k, 0.0) for k in keys) for m in rows) / len(rows)
 
 
@@ -350,7 +350,7 @@ def history_of(result: SimResult, setup: Setup) -> list[dict[str, float]]:
         busy = max(1e-12, ln.grade_s + ln.other_s + ln.update_s)
         share = s.time_update / busy
         out.append({"step_time": s.step_time, "time_rollout": s.time_rollout, "time_grading": ln.grade_s * share,
-                    "time_update": ln.update_s * share, "time_weight_sync": s.time_weight_sync,
+                    "time_update": ln.update_s * share, "time_push": s.time_push,
                     "learner_wait_s": s.learner_wait_s, "rollout_wait_s": s.rollout_wait_s,
                     "policy_lag_max": s.policy_lag_max, "policy_lag_mean": s.policy_lag_mean,
                     "response_tokens": s.tokens / result.rollouts_per_step})

@@ -76,7 +76,7 @@ def run_bench(steps: int = 3, rounds: int = 2) -> tuple[Side, Side]:
                 side.grad_norms.append([h.get("grad_norm", 0.0) for h in history])
                 side.step_s += [h["step_s"] for h in history]
                 side.probe += [h["push_probe_max_abs_diff"] for h in history if "push_probe_max_abs_diff" in h]
-                side.push_s += [h["time_weight_sync"] for h in history]
+                side.push_s += [h["time_push"] for h in history]
     return sides
 
 

@@ -5,7 +5,7 @@ Side by side in one process, on the recipe's engine (the in-process hf engine, o
 re-fed; (bare) `engine.generate` on the same first prompts, each generating exactly as many tokens as its
 trajectory did (ignore_eos), all at once as the step issues them. Same tokens, same seeds; rounds alternate the
 order (after one warm-up rollout step that also measures the lengths). Then one full step (rollout, grading,
-update, weight sync) gives the time split.
+update, weight push) gives the time split.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ async def bench_rollout(cfg: RLConfig, rounds: int = 2) -> RolloutBench:
             for name in (("bare", "rl") if r % 2 == 0 else ("rl", "bare")):
                 out[name].append(await (bare() if name == "bare" else rl()))
         metrics = await run.step(0, stage, pool, None, None)
-        split = {k: metrics[k] for k in ("time_rollout", "time_grading", "time_update", "time_weight_sync")}
+        split = {k: metrics[k] for k in ("time_rollout", "time_grading", "time_update", "time_push")}
         return RolloutBench(len(trajs), out["bare"], out["rl"], split)
     finally:
         await run.close()

@@ -74,7 +74,7 @@ def _paper_table(console, rows, stage: int, shard: int) -> None:
     for r in rows:
         grid.add_row(r.schedule, r.setup, f"{r.step_time:.0f}", f"{r.rollouts_per_s:.2f}", f"{r.tokens_per_s:.0f}",
                      f"{r.vs_sync:.2f}x", f"{r.time_rollout:.0f}", f"{r.time_update:.0f}",
-                     f"{r.time_weight_sync:.1f}", f"{r.learner_wait_s:.0f}",
+                     f"{r.time_push:.1f}", f"{r.learner_wait_s:.0f}",
                      f"{r.policy_lag_max}/{r.policy_lag_mean:.2f}")
     console.print(grid)
     for key, text in sim.assumptions(stage, shard).items():

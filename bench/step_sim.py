@@ -149,7 +149,7 @@ class StepRecord:
     step_time: float  # the learner's view: from waiting for the batch to the end of the push
     learner_wait_s: float
     time_update: float  # grading, rest and update, wall
-    time_weight_sync: float  # push wall, the drain before it included
+    time_push: float  # push wall, the drain before it included
     time_rollout: float  # the batch's first start to its last finish
     rollout_wait_s: float  # engines empty and barred from starting rollouts (waiting for weights)
     policy_lag_max: int
@@ -368,7 +368,7 @@ class _Sim:
         lags = self.lags.get(b, [0])
         self.records.append(StepRecord(
             step=b + 1, step_time=self.t - self.step_start, learner_wait_s=self.marks["work"] - self.step_start,
-            time_update=self.marks["updated"] - self.marks["work"], time_weight_sync=self.t - self.marks["updated"],
+            time_update=self.marks["updated"] - self.marks["work"], time_push=self.t - self.marks["updated"],
             time_rollout=self.done_at[b] - self.first_start[b], rollout_wait_s=self.rollout_wait,
             policy_lag_max=max(lags), policy_lag_mean=sum(lags) / len(lags),
             tokens=sum(tok for tok, _ in self.batches[b])))
@@ -478,7 +478,7 @@ class Row:
     vs_sync: float
     time_rollout: float
     time_update: float
-    time_weight_sync: float
+    time_push: float
     learner_wait_s: float
     policy_lag_max: int
     policy_lag_mean: float
@@ -486,7 +486,7 @@ class Row:
 
 def _row(r: SimResult, sync: float) -> Row:
     return Row(r.schedule.label, r.setup, r.step_time, r.rollouts_per_s, r.tokens_per_s, sync / r.step_time,
-               r.mean("time_rollout"), r.mean("time_update"), r.mean("time_weight_sync"), r.mean("learner_wait_s"),
+               r.mean("time_rollout"), r.mean("time_update"), r.mean("time_push"), r.mean("learner_wait_s"),
                max(s.policy_lag_max for s in r.measured), r.mean("policy_lag_mean"))
 
 

@@ -15,7 +15,7 @@ logprobs of a one-token request; hf: one forward pass; a Ray pool: every rollout
 one), the learner's `Learner.score` (the update's own forward path; under FSDP every rank takes part, rank 0's result
 is used). Per push the step records `push_probe_max_abs_diff`, the largest |engine - learner| logprob over the
 probe's tokens (and over the replicas), `push_probe_mean_abs_diff` and `push_probe_s` (the check's seconds, not
-in `time_weight_sync`: it runs after the push, once a colocated engine's KV cache is awake again; a step that kept
+in `time_push`: it runs after the push, once a colocated engine's KV cache is awake again; a step that kept
 nothing pushes nothing and records no figure). The hf engine on the learner's own model (one process,
 `rollout_engine: hf`) needs no push, and is still checked: its figure (0 with an fp32 learner) shows the shared
 path holds. An engine that cannot score (a remote OpenAI-compatible server) cannot be trained: the run refuses it

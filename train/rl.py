@@ -262,7 +262,7 @@ class RLRun:
         probe = await self.checker.check(self.engine, self.learner, self.learner.step) if kept else {}
         metrics = {
             **self.rollouts.metrics(batch, stats, kept),
-            "time_update": t_update, "time_weight_sync": t_sync, "push_wait_s": push_wait,
+            "time_update": t_update, "time_push": t_sync, "push_wait_s": push_wait,
             **lag_metrics(version, [v for i in fresh for v in batch.versions[i]]),
             "stale_groups_dropped": len(batch.groups) - len(fresh),
             **roc_metrics, **upd, **probe,

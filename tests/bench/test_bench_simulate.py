@@ -30,7 +30,7 @@ def test_a_sync_step_is_its_phases_one_after_the_other():
     for step in r.steps:
         assert step.learner_wait_s == pytest.approx(step.time_rollout)
         assert step.time_update == pytest.approx(0.7 + 0.3 + 10.0)
-        assert step.time_weight_sync == pytest.approx(1.5)
+        assert step.time_push == pytest.approx(1.5)
         assert step.step_time == pytest.approx(step.time_rollout + 11.0 + 1.5)
         assert step.policy_lag_max == 0
         assert step.rollout_wait_s == pytest.approx(11.0 + 1.5)  # the engine idles while the learner works

@@ -243,7 +243,7 @@ async def test_a_collective_push_loads_into_vllm_bucket_by_bucket(vllm_engine, m
 
     import torch
     from safetensors.torch import load_file
-    from test_weight_sync import members
+    from test_push_group import members
 
     from rstar2_agent.train.push.collective import plan
     from rstar2_agent.train.rollout.ray_engine import EngineActor

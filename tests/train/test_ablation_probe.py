@@ -97,7 +97,7 @@ def _ablation_of(effect: float, seeds: int, prompts: int) -> Ablation:
         for k in (1, 2):
             probes[f"roc-seed{s}-step{k}"] = _record(a_num[s], den[s])
             probes[f"grpo-seed{s}-step{k}"] = _record(b_num[s], den[s])
-    step = {"time_rollout": 30.0, "time_grading": 1.0, "time_update": 10.0, "time_weight_sync": 1.0,
+    step = {"time_rollout": 30.0, "time_grading": 1.0, "time_update": 10.0, "time_push": 1.0,
             "response_tokens": 300.0, "update_tokens": 4000.0}
     histories = {arm: {s: [step, step] for s in range(seeds)} for arm in ("roc", "grpo")}
     return Ablation(histories, probes, [Problem(f"p{i}", "", "") for i in range(prompts)], points=(0, 1, 2), steps=2,

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 RL_METRICS = (
     "accuracy", "response_tokens", "turns", "tool_calls", "tool_error_ratio_positive", "tool_error_ratio_kept_positive",
     "positive_with_tool_error", "engine_errors", "format_violations", "time_rollout", "time_grading",
-    "rollout_wait_s", "time_update", "time_weight_sync", "push_wait_s", "rollout_tokens_per_s", "policy_lag_max",
+    "rollout_wait_s", "time_update", "time_push", "push_wait_s", "rollout_tokens_per_s", "policy_lag_max",
     "policy_lag_mean", "stale_groups_dropped", "roc_dropped_groups", "roc_kept_positive", "roc_kept_negative",
     "loss", "entropy", "clip_frac", "logprob_gap", "logp_mismatch_kl", "logp_mismatch_out_of_range",
     "logp_mismatch_abs", "grad_norm", "lr", "update_tokens", "stage", "learner_wait_s", "step_time")

@@ -143,7 +143,7 @@ async def test_ray_path_with_two_local_actors_matches_one_process(tmp_path, tiny
     """`distributed: ray` on a local Ray cluster: two rollout workers behind the replica pool, two sandbox actors,
     two FSDP learner ranks (gloo on CPU). One update on hand-set rewards (packed by tokens, the head in chunks,
     checkpointed) gives the same loss and gradient norm as the single-process padded full-logits learner on the
-    same rollouts, and after the weight sync the rollout workers generate
+    same rollouts, and after the weight push the rollout workers generate
     exactly what the saved checkpoint generates. Colocated (the rollout workers in the learner ranks' placement
     bundles, a step's sleep/wake order around the update). Resumed with separate placement and max_staleness 1, it
     trains two more steps, the last one version behind."""

@@ -322,7 +322,7 @@ def moved(ab: Ablation, seeds: list[int], step: int, metric: str) -> dict[str, A
 
 def step_seconds(ab: Ablation, arm: str) -> float:
     """Measured seconds of one training step of `arm` (rollouts, grading, update, weight push), mean over runs."""
-    keys = ("time_rollout", "time_grading", "time_update", "time_weight_sync")
+    keys = ("time_rollout", "time_grading", "time_update", "time_push")
     steps = [sum(m.get(k, 0.0) for k in keys) for h in ab.histories.get(arm, {}).values() for m in h]
     return statistics.fmean(steps) if steps else math.nan
 

@@ -11,7 +11,7 @@ actors (those start in rollout/workers.py; this group pushes its weights into th
 - Sandbox actors: `sandbox_actors` RaySandbox actors, each a warm isolated pool, on the nodes that have the
   `sandbox_resources` (CPU nodes) when given.
 - Weight sync after every update (the recipe's `weight_push`, chosen once: train/push): every rank gathers the
-  full state dict to rank 0, which `collective`: broadcasts it in flat buckets over a weight-sync group of rank 0
+  full state dict to rank 0, which `collective`: broadcasts it in flat buckets over a push group of rank 0
   and every rollout worker (torch.distributed, gloo on CPU, NCCL/RCCL when every member has a GPU; apart from the
   FSDP group), each worker receiving into buffers and loading them into its engine; or `object_store`: puts it once
   into Ray's object store, and every rollout worker loads it from there. Under `collective` rank 0 keeps a copy of
@@ -84,7 +84,7 @@ class LearnerActor:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.learner: Any = None
-        self.group: Any = None  # rank 0: the weight-sync group (weight_sync.WeightGroup)
+        self.group: Any = None  # rank 0: the push group (collective.WeightGroup)
         self.pushed: dict[str, Any] | None = None  # rank 0, collective: the last pushed weights (for replacements)
         self.pushed_ref_: list[Any] = []
         self.transfer: Any = None  # every rank, vLLM's weight transfer: its NCCL or IPC trainer engine
@@ -226,7 +226,7 @@ class LearnerActor:
                          "until the next push")
 
     def send_weights(self, buckets: list[Any]) -> int:
-        """Every rank gathers; rank 0 broadcasts the buckets to the weight-sync group and keeps what it sent (a
+        """Every rank gathers; rank 0 broadcasts the buckets to the push group and keeps what it sent (a
         replacement rollout worker loads it). Returns the bytes sent (0 on the other ranks)."""
         from ..push.collective import nbytes
 
@@ -235,11 +235,11 @@ class LearnerActor:
         if self.rank != 0:
             return 0
         if self.group is None:
-            raise RuntimeError("rank 0 is in no weight-sync group: the learner group sets it up before a push")
+            raise RuntimeError("rank 0 is in no push group: the learner group sets it up before a push")
         names = {e.name for b in buckets for e in b.entries}
         if names != set(state):
             raise RuntimeError(f"the weight plan and the state dict differ ({sorted(names ^ set(state))[:5]}): "
-                               f"rebuild the weight-sync group")
+                               f"rebuild the push group")
         self.pushed = self.group.send(state, buckets)
         return nbytes(buckets)
 
@@ -296,7 +296,7 @@ class LearnerGroup:
         self.actors: list[Any] = []
         self.cfg, self.step = cfg, 0
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the weight-sync group
+        self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the push group
         self.plan: list[Any] = []
         self.pushing = asyncio.Lock()  # one push at a time (a push overlapping another would mix their buckets)
         self.failed_broadcasts = 0  # pushes whose broadcast met a dead or stalled member (then retried once)
@@ -409,7 +409,7 @@ class LearnerGroup:
 
     async def _group(self, workers: list[Any], how: str) -> None:
         """(Re)build the push's group when its members changed (first push, a replaced worker): vLLM's weight
-        transfer (`nccl`, `ipc`: every engine must hold it) or weight_sync's collective group."""
+        transfer (`nccl`, `ipc`: every engine must hold it) or the collective push group."""
         members = tuple((id(w), w.incarnation) for w in workers)
         if members == self.members:
             return

@@ -10,7 +10,7 @@ that the `plan` gives every rank beforehand); the workers receive into buffers o
 back into named tensors, one bucket at a time, each handed to the engine before the next is received (so the
 receive buffers on a rollout GPU beside vLLM are one bucket, not the model). Names that share one tensor (tied
 embeddings) travel once. Every wait (the rendezvous, each bucket) has a timeout and fails with a
-`WeightSyncError` that names what was awaited.
+`PushGroupError` that names what was awaited.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0
 
 
-class WeightSyncError(RuntimeError):
+class PushGroupError(RuntimeError):
     pass
 
 
@@ -139,7 +139,7 @@ def nbytes(buckets: list[Bucket]) -> int:
 
 
 class WeightGroup:
-    """One member of a weight-sync group. `open` blocks until all `world` members have joined (or `timeout_s`)."""
+    """One member of a push group. `open` blocks until all `world` members have joined (or `timeout_s`)."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, *, device: str = "cpu",
                  timeout_s: float = 600.0):
@@ -156,8 +156,8 @@ class WeightGroup:
             else:
                 self.pg = torch.distributed.ProcessGroupGloo(self.store, rank, world, self.timeout)
         except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError with the cause
-            raise WeightSyncError(
-                f"weight-sync group rank {rank}/{world} could not meet the others at {host}:{port} within "
+            raise PushGroupError(
+                f"push group rank {rank}/{world} could not meet the others at {host}:{port} within "
                 f"{timeout_s:.0f} s ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
                 f": a rollout worker did not join (dead or unreachable); check that the port is open between "
                 f"the nodes, or use weight_push=object_store") from e
@@ -166,10 +166,10 @@ class WeightGroup:
         try:
             self.pg.broadcast([tensor], torch.distributed.BroadcastOptions()).wait(self.timeout)
         except Exception as e:  # noqa: BLE001
-            raise WeightSyncError(
+            raise PushGroupError(
                 f"weight push ({what}) failed on rank {self.rank}/{self.world} after at most {self.timeout_s:.0f} s "
                 f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}): a member of "
-                f"the weight-sync group died or stalled; it is rebuilt at the next push") from e
+                f"the push group died or stalled; it is rebuilt at the next push") from e
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
@@ -223,6 +223,6 @@ class WeightGroup:
             worker.start()
             worker.join(timeout_s)
             if worker.is_alive():
-                log.warning("the weight-sync group did not shut down within %.0f s (a member died inside a "
+                log.warning("the push group did not shut down within %.0f s (a member died inside a "
                             "collective?): abandoned; the next push builds a new one", timeout_s)
         self.store = None

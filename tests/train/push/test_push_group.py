@@ -1,4 +1,4 @@
-"""The weight-sync group (train/push/collective.py) over gloo, two real members in two threads of this process: a
+"""The push group (train/push/collective.py) over gloo, two real members in two threads of this process: a
 state dict of mixed dtypes arrives whole and exact in several buckets, and a receiver whose sender never sends
 fails within the group's timeout with an error that names the wait."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from rstar2_agent.train.push.collective import WeightGroup, WeightSyncError, nbytes, plan
+from rstar2_agent.train.push.collective import PushGroupError, WeightGroup, nbytes, plan
 
 from conftest import free_port
 
@@ -73,7 +73,7 @@ def test_a_receiver_whose_sender_never_sends_times_out_with_a_clear_error():
     sender, receiver = members(2, timeout_s=2)
     buckets = plan({"w": (torch.float32, (4,))})
     t0 = time.monotonic()
-    with pytest.raises(WeightSyncError, match=r"weight push \(bucket 1/1\) failed on rank 1/2 .* died or stalled"):
+    with pytest.raises(PushGroupError, match=r"weight push \(bucket 1/1\) failed on rank 1/2 .* died or stalled"):
         receiver.receive(buckets)
     assert time.monotonic() - t0 < 30
     receiver.close()
@@ -82,7 +82,7 @@ def test_a_receiver_whose_sender_never_sends_times_out_with_a_clear_error():
 
 def test_a_member_that_never_joins_is_named():
     t0 = time.monotonic()
-    with pytest.raises(WeightSyncError, match="could not meet the others .* did not join"):
+    with pytest.raises(PushGroupError, match="could not meet the others .* did not join"):
         WeightGroup("127.0.0.1", free_port(), 0, 2, timeout_s=2)
     assert time.monotonic() - t0 < 30
 
