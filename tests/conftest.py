@@ -243,6 +243,30 @@ def until_sync(condition, what, timeout: float = 20.0, every: float = 0.02) -> N
         time.sleep(every)
 
 
+def push_group_members(world: int, timeout_s: float) -> list:
+    """`world` members of one push group (train/push/collective.py) on a free loopback port, joined from threads
+    (rank 0 hosts the store; all meet at once)."""
+    import threading
+
+    from rstar2_agent.train.push.collective import WeightGroup
+
+    port, groups, errors = free_port(), [None] * world, []
+
+    def join(rank: int) -> None:
+        try:
+            groups[rank] = WeightGroup("127.0.0.1", port, rank, world, timeout_s=timeout_s)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return groups
+
+
 def tiny(tmp_path, **kw) -> RLConfig:
     """A small RL run of SmolLM2 writing under `tmp_path`: 2 steps of 2 prompts x 2 rollouts, 48 response tokens,
     2 turns, markdown format; `kw`: RLConfig fields to change. The base SmolLM2 and the tiny random model write no
@@ -420,9 +444,9 @@ VLLM_CONTEXT = 2048
 async def vllm_engine(smol):
     """One in-process vLLM engine (CPU build, about half a minute to start) for the session: the engine tests
     and the serve soak share it."""
-    from rstar2_agent.engines.vllm import VLLMEngine
+    from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
 
-    engine = VLLMEngine(smol.path, context_length=VLLM_CONTEXT, kv_cache_gib=1.0)
+    engine = TrainableVLLMEngine(smol.path, context_length=VLLM_CONTEXT, kv_cache_gib=1.0)
     yield engine
     await engine.close()
 

@@ -12,7 +12,7 @@ from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines.base import EngineError, SamplingParams
 
-from conftest import VLLM_CONTEXT
+from conftest import VLLM_CONTEXT, push_group_members
 from conftest import count_prompt as prompt
 
 pytestmark = pytest.mark.slow
@@ -243,7 +243,6 @@ async def test_a_collective_push_loads_into_vllm_bucket_by_bucket(vllm_engine, m
 
     import torch
     from safetensors.torch import load_file
-    from test_push_group import members
 
     from rstar2_agent.train.push.collective import plan
     from rstar2_agent.train.rollout.ray_engine import EngineActor
@@ -256,7 +255,7 @@ async def test_a_collective_push_loads_into_vllm_bucket_by_bucket(vllm_engine, m
     assert len(buckets) >= 20
     actor = EngineActor("vllm", vllm_engine.model_path, CONTEXT, {})
     actor.engine = vllm_engine
-    sender, actor.group = members(2, timeout_s=120)
+    sender, actor.group = push_group_members(2, timeout_s=120)
     real, parts = vllm_engine.load_weight_parts, []
 
     async def counting(stream, **kw):

@@ -13,25 +13,7 @@ import torch
 from rstar2_agent.train.push.collective import PushGroupError, WeightGroup, nbytes, plan
 
 from conftest import free_port
-
-
-def members(world: int, timeout_s: float) -> list[WeightGroup]:
-    """`world` members of one group on a free loopback port (rank 0 hosts the store; all meet at once)."""
-    port, groups, errors = free_port(), [None] * world, []
-
-    def join(rank: int) -> None:
-        try:
-            groups[rank] = WeightGroup("127.0.0.1", port, rank, world, timeout_s=timeout_s)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return groups
+from conftest import push_group_members as members
 
 
 def test_plan_splits_by_dtype_and_size():
