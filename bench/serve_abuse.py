@@ -84,7 +84,7 @@ class BenchEngine:
 
 
 def serve(port: int) -> None:
-    """The benchmark's server: `rstar2 serve`'s app and uvicorn configuration, hermes profile, the local sandbox."""
+    """The benchmark's server: `rstar2 serve`'s app and uvicorn configuration, hermes format, the local sandbox."""
     import uvicorn
     from transformers import AutoTokenizer
 
