@@ -32,15 +32,15 @@ import torch
 
 def colocated_step(folder: Path, info: dict[str, Any], args: argparse.Namespace, device: torch.device,
                    meter: Any, say: Any) -> dict[str, Any]:
-    from rstar2_agent.engines.hf import HFEngine
     from rstar2_agent.train.config import OptimConfig
     from rstar2_agent.train.learner.colocated import Colocation
     from rstar2_agent.train.learner.local import LocalLearner
     from rstar2_agent.train.push_check import auto_bound
+    from rstar2_agent.train.rollout.trainable import TrainableHFEngine
 
     learner = LocalLearner(str(folder), OptimConfig(lr=1e-5, warmup_steps=0), total_steps=2,
                            dtype="bf16" if device.type == "cuda" else "auto")
-    engine = HFEngine(str(folder), device=str(device), max_batch=max(32, args.gen_batch))
+    engine = TrainableHFEngine(str(folder), device=str(device), max_batch=max(32, args.gen_batch))
     colocation = Colocation(engine, level=1, release=learner.release_memory)
     loop = asyncio.new_event_loop()
     try:

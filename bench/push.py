@@ -126,12 +126,12 @@ async def bench_vllm_push(model: str = "smollm2-135m", rounds: int = 3, max_mess
 
     from rstar2_agent import processes
     from rstar2_agent.engines.base import SamplingParams
-    from rstar2_agent.engines.vllm import VLLMEngine
     from rstar2_agent.models import resolve_model
+    from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
 
     resolved = resolve_model(model)
     state = load_file(os.path.join(resolved.path, "model.safetensors"))
-    engine = VLLMEngine(resolved.path, context_length=2048, kv_cache_gib=kv_cache_gib)
+    engine = TrainableVLLMEngine(resolved.path, context_length=2048, kv_cache_gib=kv_cache_gib)
     caps = {"one message": 4095.0, "chunked": max_message_mb}
     row = VLLMPushBench(model, sum(v.numel() * v.element_size() for v in state.values()) / 2**20, max_message_mb,
                         seconds={m: [] for m in VLLM_MODES}, added_mib={m: [] for m in VLLM_MODES})

@@ -137,10 +137,10 @@ async def _failure(backend: str, phase: str, failing: Any, good: Any, engine: An
 
 async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     from rstar2_agent import processes
-    from rstar2_agent.engines.vllm import VLLMEngine
     from rstar2_agent.models import resolve_model
     from rstar2_agent.train.push import Chunked, Shared
     from rstar2_agent.train.push.vllm import push_in_place
+    from rstar2_agent.train.rollout.trainable import TrainableHFEngine, TrainableVLLMEngine
 
     from . import cuda_ipc_on_cpu
 
@@ -152,9 +152,7 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     report: dict[str, Any] = {"model": model, "substituted": {"ipc": "CUDA IPC (rstar2_agent.bench.cuda_ipc_on_cpu)"},
                               "backends": {}, "failures": []}
 
-    from rstar2_agent.engines.hf import HFEngine
-
-    shared = HFEngine(resolved.path, context_length=2048, model=learner.model, tokenizer=None)
+    shared = TrainableHFEngine(resolved.path, context_length=2048, model=learner.model, tokenizer=None)
     t0 = time.perf_counter()
     await Shared().push(learner, shared)
     report["backends"]["shared"] = {"ok": True, "seconds": round(time.perf_counter() - t0, 4), "bytes": 0,
@@ -163,8 +161,8 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     cuda_ipc_on_cpu.install()
     try:
         with processes.environment(cuda_ipc_on_cpu.environment()):
-            ipc = VLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32",
-                             weight_transfer="ipc")
+            ipc = TrainableVLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4,
+                                      dtype="float32", weight_transfer="ipc")
         try:
             def good() -> Any:
                 return push_in_place(learner.model, ipc, buffer_mb=BUFFER_MB, timeout_s=120)
@@ -182,7 +180,7 @@ async def bench_push_all(model: str = "smollm2-135m") -> dict[str, Any]:
     finally:
         cuda_ipc_on_cpu.uninstall()
 
-    chunked = VLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32")
+    chunked = TrainableVLLMEngine(resolved.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32")
     try:
         row = await _measure(lambda: Chunked().push(learner, chunked), chunked, want)
         row.pop("result")

@@ -9,16 +9,18 @@ ENGINES = ("vllm", "hf", "openai")
 
 
 def make_engine(kind: str, model_path: str, *, context_length: int, url: str | None = None,
-                served_model: str | None = None, api_key: str | None = None, **kwargs) -> Engine:
-    """Build an engine; `model_path` is the local folder (for openai: where the tokenizer comes from)."""
+                served_model: str | None = None, api_key: str | None = None, build: type[Engine] | None = None,
+                **kwargs) -> Engine:
+    """Build an engine; `model_path` is the local folder (for openai: where the tokenizer comes from). `build`: the
+    class to build for hf or vllm, a subclass of the core's (training's trainable engines, train/rollout)."""
     if kind == "hf":
         from .hf import HFEngine
 
-        return HFEngine(model_path, context_length=context_length, **kwargs)
+        return (build or HFEngine)(model_path, context_length=context_length, **kwargs)
     if kind == "vllm":
         from .vllm import VLLMEngine
 
-        return VLLMEngine(model_path, context_length=context_length, **kwargs)
+        return (build or VLLMEngine)(model_path, context_length=context_length, **kwargs)
     if kind == "openai":
         if not url:
             raise EngineError("the openai engine needs --url http://host:port (an OpenAI-compatible server)")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, dtype_name
+from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,10 @@ class _Request:
     stop_text: str | None = None
 
 
-class HFEngine(TrainableEngine):
+class HFEngine(Engine):
+    """Inference with transformers. Training drives its subclass (train/rollout/trainable.py: moving the model off
+    the GPU while a learner updates, scoring, loading pushed weights), under the same weights lock."""
+
     name = "hf"
 
     def __init__(self, model_path: str, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -56,23 +59,6 @@ class HFEngine(TrainableEngine):
         self._worker: asyncio.Task | None = None
         self._weights_lock = threading.Lock()
         self.batches = 0  # how many batches ran (tests and the bench read it)
-
-    # ------------------------------------------------------------------ colocation
-    async def sleep(self, level: int = 1) -> None:
-        """On a GPU the model moves to host memory (both levels: the hf engine has no KV cache to drop, and dropping
-        its weights would need a push of all of them to wake); on the CPU nothing moves."""
-        if self.device.type != "cpu":
-            await asyncio.to_thread(self._move, torch.device("cpu"))
-
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        if self.device.type != "cpu" and (tags is None or "weights" in tags):
-            await asyncio.to_thread(self._move, self.device)
-
-    def _move(self, device: torch.device) -> None:
-        with self._weights_lock:
-            self.model.to(device)
-        if device.type == "cpu" and torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ async side
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -119,34 +105,6 @@ class HFEngine(TrainableEngine):
             for r in batch:
                 if not r.future.done():
                     r.future.set_result(Generation(r.out, r.logprobs, r.finish or "length", r.stop_text))
-
-    async def load_weights(self, state_dict: dict[str, Any]) -> None:
-        def load() -> None:
-            with self._weights_lock:
-                missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-                if unexpected:
-                    raise EngineError(f"unexpected weights: {unexpected[:5]}")
-        await asyncio.to_thread(load)
-
-    @property
-    def compute_dtype(self) -> str | None:  # type: ignore[override]
-        return dtype_name(next(self.model.parameters()).dtype)
-
-    async def score(self, ids: list[int], start: int) -> list[float]:
-        """Teacher-forced logprobs of `ids[start:]` at temperature 1 (see TrainableEngine.score): one forward pass over
-        the whole sequence, under the weights lock (never while a push loads, nor beside a batch's decoding)."""
-        if not 1 <= start < len(ids) or len(ids) > self.context_length:
-            raise EngineError(f"score needs 1 <= start < {len(ids)} tokens within the context "
-                              f"({self.context_length}), not start {start}")
-
-        @torch.inference_mode()
-        def run() -> list[float]:
-            with self._weights_lock:
-                tokens = torch.tensor([ids], device=self.device)
-                logits = self.model(input_ids=tokens, use_cache=False).logits[0, start - 1:-1].float()
-                return torch.log_softmax(logits, -1).gather(-1, tokens[0, start:, None])[:, 0].tolist()
-
-        return await asyncio.to_thread(run)
 
     async def close(self) -> None:
         if self._worker is not None:

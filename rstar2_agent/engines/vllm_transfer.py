@@ -11,7 +11,7 @@ a collective); only rank 0 sends.
 
 What this module adds to vLLM's: the backend `rstar2_nccl`, vLLM's NCCL engine that also keeps the names its
 model's `load_weights` reports loaded (vLLM drops them), so the push checks them as the fallback does
-(weight_chunks.not_loaded); a source that sends in the engine's dtype (bf16, half the learner's fp32) and keeps
+(train's weight_chunks.not_loaded); a source that sends in the engine's dtype (bf16, half the learner's fp32) and keeps
 a CPU copy for a replacement worker; and a client over several independent rollout engines, each given its own
 rank offset in the one group (vLLM's trainer engine gives every engine offset 1, for one engine).
 

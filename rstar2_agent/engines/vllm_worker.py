@@ -1,6 +1,6 @@
 """Mixed into vLLM's workers (AsyncEngineArgs(worker_extension_cls=...)) so the trainer can push weights where the
 engine has no weight transfer of its own (vLLM's CPU build): collective_rpc arguments go through msgpack, where
-nested tensors arrive as lists, so each message is one safetensors blob of whole layers (weight_chunks.py).
+nested tensors arrive as lists, so each message is one safetensors blob of whole layers (train/push/weight_chunks.py).
 
 A push is one layerwise-reload session, the lifecycle of vLLM's own weight transfer engines (its NCCL engine's
 start_weight_update, update_weights, finish_weight_update): `begin_weight_push`, then `load_weight_chunk` per

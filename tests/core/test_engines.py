@@ -163,7 +163,7 @@ async def test_a_push_in_many_messages_gives_what_one_message_gives(vllm_engine,
     from safetensors.torch import load, load_file
     from vllm.v1.serial_utils import MsgpackEncoder
 
-    from rstar2_agent.engines.weight_chunks import unit_of
+    from rstar2_agent.train.push.weight_chunks import unit_of
 
     original = load_file(os.path.join(vllm_engine.model_path, "model.safetensors"))
     changed = {k: v * 1.1 if "down_proj" in k else v for k, v in original.items()}

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rstar2_agent.engines.weight_chunks import units
+from .weight_chunks import units
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ The driver keeps the tokenizer (prompts are rendered and responses decoded there
 wire. Streaming (`on_tokens`) is delivered once, when the generation ends. Weights reach the actors three ways:
 `load_weights` takes a state dict or a Ray object reference to one (put the weights once, `ray.put`, and pass
 the reference to every replica, so N replicas cost one copy into the object store, not N); the actors join
-a weight-sync group (push/collective.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
+a push group (push/collective.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
 each bucket loaded before the next arrives); or, vLLM on GPUs, vLLM's own weight transfer (vllm_transfer.py:
 the learner's rank 0 calls `init_weight_transfer`, then per push `start_`, `receive_`, `finish_weight_transfer`).
 
@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any
 
-from rstar2_agent.engines.base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine, trainable
+from rstar2_agent.engines.base import EngineError, Generation, OnTokens, SamplingParams, TrainableEngine
 
 from ..config import ROLLOUT_ENGINES
 
@@ -43,17 +43,17 @@ class EngineActor:
     def __init__(self, kind: str, model_path: str, context_length: int, options: dict[str, Any]):
         self.kind, self.model_path, self.context_length, self.options = kind, model_path, context_length, options
         self.engine: TrainableEngine | None = None
-        self.group: Any = None  # a weight_sync.WeightGroup while in one
+        self.group: Any = None  # a collective.WeightGroup while in one
 
     async def start(self) -> dict[str, Any]:
-        from rstar2_agent.engines import make_engine
+        from .trainable import make_trainable_engine
 
         if self.kind == "hf":
             import torch
 
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.engine = trainable(make_engine(self.kind, self.model_path, context_length=self.context_length,
-                                           **self.options))
+        self.engine = make_trainable_engine(self.kind, self.model_path, context_length=self.context_length,
+                                            **self.options)
         return {"context_length": self.engine.context_length, "kv_capacity": self.engine.kv_capacity,
                 "max_batch": self.engine.max_batch, "compute_dtype": self.engine.compute_dtype}
 
@@ -95,7 +95,7 @@ class EngineActor:
 
     async def join_weight_group(self, host: str, port: int, rank: int, world: int, device: str,
                                 timeout_s: float) -> None:
-        """Join (in a thread: generation goes on meanwhile) the learner's weight-sync group as `rank`, its
+        """Join (in a thread: generation goes on meanwhile) the learner's push group as `rank`, its
         buffers on `device` (the group's: "cuda" when every member has a GPU, else "cpu")."""
         from ..push.collective import WeightGroup
 
@@ -107,7 +107,7 @@ class EngineActor:
         """Receive the broadcast state dict bucket by bucket (in a thread), each bucket loaded into the engine
         before the next is received (bounded receive buffers: one bucket); returns the number of names."""
         if self.group is None:
-            raise EngineError("this rollout worker is in no weight-sync group: join_weight_group first")
+            raise EngineError("this rollout worker is in no push group: join_weight_group first")
         assert self.engine is not None
         received = self.group.receive_each(buckets)
         count = 0
@@ -176,7 +176,7 @@ class RayEngine(TrainableEngine):
         self.spawn, self.max_restarts = spawn, max_restarts
         self.restarts = 0
         self.reruns = 0  # requests sent again after their actor died
-        self.incarnation = 0  # +1 at each replacement (the learner group rebuilds its weight-sync group then)
+        self.incarnation = 0  # +1 at each replacement (the learner group rebuilds its push group then)
         # what a replacement loads: None (the model's own weights), an object reference, or an async callable
         # returning one (the learner group's last pushed weights)
         self.weights: Any = None

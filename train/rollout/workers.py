@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rstar2_agent.engines import make_engine
-from rstar2_agent.engines.base import TrainableEngine, trainable
+from rstar2_agent.engines.base import TrainableEngine
 from rstar2_agent.models import ResolvedModel
 from rstar2_agent.sandbox import Sandbox, SandboxConfig, make_sandbox
 
@@ -28,15 +27,17 @@ async def local_engine(cfg: RLConfig, resolved: ResolvedModel, shared: Any = Non
     """The rollout engine in this process: vLLM (`VLLM_DEFAULTS`, the run's seed, then `engine_options`; started in
     a thread, off the event loop), or the hf engine, on `shared`'s model and tokenizer when given (the learner's: no
     push) or on its own weights."""
+    from .trainable import make_trainable_engine
+
     context = resolved.spec.context_length
     if cfg.rollout_engine == "vllm":
         # colocated: vLLM's sleep mode; the weight push's transfer (CUDA IPC colocated on a GPU, else none: chunked)
         colocated = {"sleep_mode": True} if cfg.placement == "colocated" else {}
-        return trainable(await asyncio.to_thread(
-            make_engine, "vllm", resolved.path, context_length=context,
-            **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options, "weight_transfer": transfer}))
+        return await asyncio.to_thread(
+            make_trainable_engine, "vllm", resolved.path, context_length=context,
+            **{**VLLM_DEFAULTS, "seed": cfg.seed, **colocated, **cfg.engine_options, "weight_transfer": transfer})
     weights = {"model": shared.model, "tokenizer": shared.tokenizer} if shared is not None else {}
-    return trainable(make_engine("hf", resolved.path, context_length=context, **weights))
+    return make_trainable_engine("hf", resolved.path, context_length=context, **weights)
 
 
 async def start_rollout(rl: RLConfig, model_path: str, context_length: int, max_response_tokens: int,

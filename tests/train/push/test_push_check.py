@@ -12,7 +12,6 @@ import re
 import pytest
 
 from rstar2_agent.chat_format import ChatFormat
-from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.train.config import OptimConfig, PushCheck
 from rstar2_agent.train.learner.local import LocalLearner
 from rstar2_agent.train.learner.update import UpdateConfig, UpdateItem
@@ -26,6 +25,7 @@ from rstar2_agent.train.push_check import (
     calibrated_bound,
     probe_ids,
 )
+from rstar2_agent.train.rollout.trainable import TrainableHFEngine
 
 from conftest import tiny
 
@@ -68,7 +68,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     load does nothing, and the next push is caught by the gap, naming the causes."""
     model = learner(tiny_smollm2, lr=1e-2)
     fmt = ChatFormat(model.tokenizer, "markdown")
-    engine = HFEngine(tiny_smollm2, context_length=2048)
+    engine = TrainableHFEngine(tiny_smollm2, context_length=2048)
     assert engine.compute_dtype == model.compute_dtype == "fp32"
     checker = PushChecker(CHECK, fmt)
     calibration = await checker.calibrate(engine, model)
@@ -89,7 +89,7 @@ async def test_a_real_push_checks_out_and_a_skipped_one_stops_the_run(tiny_smoll
     with pytest.raises(PushCheckError, match=r"after update 2 .* over the bound 0\.001 \(2.5 x the calibrated gap\)"):
         await checker.check(engine, model, 2)
 
-    shared = HFEngine(tiny_smollm2, context_length=2048, model=model.model, tokenizer=model.tokenizer)
+    shared = TrainableHFEngine(tiny_smollm2, context_length=2048, model=model.model, tokenizer=model.tokenizer)
     await Shared().push(model, shared)  # the hf engine on the learner's own model: no push, the check holds trivially
     assert (await check_uncalibrated(fmt, shared, model, 2))["push_probe_max_abs_diff"] == 0.0
 
@@ -104,7 +104,7 @@ async def test_a_no_op_a_half_and_a_healthy_push_are_told_apart_at_that_push(tin
     learner's move), half (half the parameters: part of it), nothing (0%), each under the gap bound."""
     model = learner(tiny_smollm2, lr=1e-6)
     fmt = ChatFormat(model.tokenizer, "markdown")
-    engine = HFEngine(tiny_smollm2, context_length=2048)
+    engine = TrainableHFEngine(tiny_smollm2, context_length=2048)
     checker = PushChecker(CHECK, fmt)
     await checker.calibrate(engine, model)
     seen = {}
@@ -144,7 +144,7 @@ async def test_engine_and_learner_on_other_weights_are_refused_at_the_calibratio
     fmt = ChatFormat(model.tokenizer, "markdown")
     train(model, fmt, steps=5)
     with pytest.raises(PushCheckError, match="before any update.* do not hold the same model"):
-        await PushChecker(CHECK, fmt).calibrate(HFEngine(tiny_smollm2, context_length=2048), model)
+        await PushChecker(CHECK, fmt).calibrate(TrainableHFEngine(tiny_smollm2, context_length=2048), model)
 
 
 async def test_a_pool_checks_every_replica_and_names_the_stale_one(tiny_smollm2):
@@ -152,7 +152,8 @@ async def test_a_pool_checks_every_replica_and_names_the_stale_one(tiny_smollm2)
 
     model = learner(tiny_smollm2, lr=1e-2)
     fmt = ChatFormat(model.tokenizer, "markdown")
-    fresh, stale = HFEngine(tiny_smollm2, context_length=2048), HFEngine(tiny_smollm2, context_length=2048)
+    fresh, stale = (TrainableHFEngine(tiny_smollm2, context_length=2048),
+                    TrainableHFEngine(tiny_smollm2, context_length=2048))
     pool = ReplicaPool([fresh, stale], "static")
     checker = PushChecker(CHECK, fmt)
     await checker.calibrate(pool, model)
@@ -176,7 +177,7 @@ async def test_an_engine_that_cannot_be_trained_is_refused_by_name_before_the_ru
     from rstar2_agent.train.rl import RLRun
 
     model = learner(tiny_smollm2, lr=1e-2)
-    engine = HFEngine(tiny_smollm2, context_length=2048)
+    engine = TrainableHFEngine(tiny_smollm2, context_length=2048)
     remote = OpenAIEngine("http://127.0.0.1:9", tokenizer=model.tokenizer, context_length=2048)
     try:
         for given in (remote, ReplicaPool([engine, remote])):

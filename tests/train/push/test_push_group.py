@@ -78,7 +78,7 @@ def test_a_135m_push_is_received_bucket_by_bucket_holding_one_bucket(smol):
 
     from safetensors.torch import load_file
 
-    from rstar2_agent.engines.weight_chunks import unit_of
+    from rstar2_agent.train.push.weight_chunks import unit_of
 
     state = {k: v.to(torch.bfloat16) for k, v in load_file(f"{smol.path}/model.safetensors").items()}
     state["lm_head.weight"] = state["model.embed_tokens.weight"]

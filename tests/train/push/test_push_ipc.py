@@ -33,12 +33,12 @@ RANKS_BUFFER_MB = 16.0  # the tiny model's (its embedding: 12 MiB in fp32)
 async def ipc_engine(smol):
     """vLLM's CPU engine started with the rstar2_ipc transfer, the CUDA IPC stand-in installed in its processes (by
     environment) and in this one (the trainer's side)."""
-    from rstar2_agent.engines.vllm import VLLMEngine
+    from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
 
     cuda_ipc_on_cpu.install()
     with processes.environment(cuda_ipc_on_cpu.environment()):
-        engine = VLLMEngine(smol.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4, dtype="float32",
-                            weight_transfer="ipc")
+        engine = TrainableVLLMEngine(smol.path, context_length=512, kv_cache_gib=0.1, max_num_seqs=4,
+                                     dtype="float32", weight_transfer="ipc")
     assert engine.weight_transfer == "ipc"
     assert os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") is None  # vLLM's switch stays off (see CheckedIPCEngine)
     yield engine

@@ -1,4 +1,4 @@
-"""How a weight push is cut (engines/weight_chunks.py, and the collective's buckets in collective.plan), over the
+"""How a weight push is cut (train/push/weight_chunks.py, and the collective's buckets in collective.plan), over the
 real names and sizes of SmolLM2's state dict (read from its safetensors header): no message and no bucket ever
 holds part of a layer, every message stays under its cap, a layer over the cap is refused naming it and the
 setting, and the loaded-names check allows exactly vLLM's stacked and tied names."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rstar2_agent.engines.base import EngineError
-from rstar2_agent.engines.weight_chunks import chunks, message_bytes, not_loaded, unit_of, units
 from rstar2_agent.train.push.collective import plan
+from rstar2_agent.train.push.weight_chunks import chunks, message_bytes, not_loaded, unit_of, units
 
 MiB = 2**20
 

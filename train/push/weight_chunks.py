@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .base import EngineError
+from rstar2_agent.engines.base import EngineError
 
 MESSAGE_LIMIT = 2**32 - 1  # msgspec's limit on one bytes object, which vLLM's collective_rpc arguments go through
 HEADER_BYTES = 1024  # the safetensors header's fixed part, budgeted in every message
