@@ -1,12 +1,16 @@
 """BFCL v3 single-turn checking: AST match of the produced calls against the possible answers, and
 relevance / irrelevance by whether a call was made.
 
-A re-implementation of `bfcl_eval/eval_checker/ast_eval/ast_checker.py` (bfcl-eval 2025.6.8), which cannot be
-imported without the package's heavy dependencies (its model registry). Same rules, same error messages:
-each parameter's possible answers are a list of acceptable values, "" marking it optional; strings compare
-after `standardize`; Python ints pass for floats; Java and JavaScript arguments are strings in the language's
-syntax, converted with bfcl_eval's own type converters (those import cleanly) before the comparison.
-Calls are `{"name": ..., "arguments": {...}}`, with the function's original (dotted) name.
+A line-by-line port of `bfcl_eval/eval_checker/ast_eval/ast_checker.py` (bfcl-eval 2025.6.8), which cannot be
+imported without the package's heavy dependencies (its model registry). Same decision procedure, same error
+types: each parameter's possible answers are a list of acceptable values, "" marking it optional; strings
+compare after `standardize`; Python ints pass for floats; arrays and tuples have their items type-checked one
+level deep, and a failed nested check stays a failure even when the value is a list like the answers; Java and
+JavaScript arguments are strings in the language's syntax, converted with bfcl_eval's own type converters
+(those import cleanly) before the comparison. Calls are `{"name": ..., "arguments": {...}}`, with the
+function's original (dotted) name. The port keeps the official code's lookups (no defaults where it has
+none), so it raises where the official checker raises; `check_ast` turns that into a failure, once (CRASH).
+`bench/conformance.py` compares this module with the official one case by case.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ NESTED_PYTHON = ("array", "tuple")  # their items are type-checked one level dee
 NESTED_CONVERTED = ("Array", "ArrayList", "array")  # Java/JS collections converted with their item type
 CONVERTERS = {"Java": (JAVA_TYPE_CONVERSION, java_type_converter, "java"),
               "JavaScript": (JS_TYPE_CONVERSION, js_type_converter, "js")}
+# Where the official checker raises (a doc without "required", an unknown type, a converter that cannot read the
+# value, ...) the leaderboard run stops on that item; we record it as a failure, with this error type.
+CRASH = "checker_error:official_checker_raises"
 
 
 @dataclass
@@ -47,7 +54,7 @@ def standardize(s: str) -> str:
 
 
 def _std(v: Any) -> Any:
-    return standardize(v) if isinstance(v, str) else v
+    return standardize(v) if type(v) is str else v
 
 
 def _answer_type(possible: list) -> type | None:
@@ -65,29 +72,30 @@ def _type_check(param: str, value: Any, possible: list, type_name: str, expected
     if type(value) is expected:
         if nested is None:
             return None, is_variable
-        for item in possible:  # each item must match the inner type of at least one possible answer
-            if not isinstance(item, list) or all(
-                    _type_check(param, v, item, nested.__name__, nested, None)[0] is None for v in value):
+        for item in possible:  # the items must match the inner type against at least one possible answer
+            if type(item) is not list or all(
+                    _type_check(param, v, item, str(nested), nested, None)[0] is None for v in value):
                 return None, is_variable
         nested_error = _fail(f"Nested type checking failed for parameter {param!r}. Expected outer type "
-                             f"{type_name} with inner type {nested.__name__}. Parameter value: {value!r}.",
+                             f"{type_name} with inner type {nested}. Parameter value: {value!r}.",
                              "type_error:nested")
     if answer_type is not None and type(value) is answer_type:
-        return None, True
-    return nested_error or _fail(f"Incorrect type for parameter {param!r}. Expected type {type_name}, got "
-                                 f"{type(value).__name__}. Parameter value: {value!r}.", "type_error:simple"), False
+        return nested_error, True  # a variable; after a failed nested check the official result stays invalid
+    return _fail(((nested_error.error + " ") if nested_error else "") + f"Incorrect type for parameter {param!r}. "
+                 f"Expected type {type_name}, got {type(value).__name__}. Parameter value: {value!r}.",
+                 "type_error:simple"), False
 
 
 def _string_check(param: str, value: str, possible: list) -> Check | None:
-    if standardize(value) not in [standardize(a) for a in possible if isinstance(a, str)]:
+    if standardize(value) not in [standardize(a) for a in possible if type(a) is str]:
         return _fail(f"Invalid value for parameter {param!r}: {value!r}. Expected one of {possible}. "
                      "Case insensitive.", "value_error:string")
     return None
 
 
 def _list_check(param: str, value: list, possible: list) -> Check | None:
-    # BFCL iterates each possible answer, so the optional marker "" stands for the empty list
-    if [_std(v) for v in value] not in [[_std(x) for x in a] for a in possible]:
+    # BFCL indexes each possible answer, so the optional marker "" stands for the empty list
+    if [_std(v) for v in value] not in [[_std(a[j]) for j in range(len(a))] for a in possible]:
         return _fail(f"Invalid value for parameter {param!r}: {value!r}. Expected one of {possible}.",
                      "value_error:list/tuple")
     return None
@@ -108,10 +116,9 @@ def _dict_check(param: str, value: dict, possible: list) -> Check | None:
                 failure = _fail(f"Invalid value for parameter {key!r}: {v!r}. Expected one of {allowed}.",
                                 "value_error:dict_value")
                 break
-        if failure is None:
-            missing = [k for k, vals in answer.items() if k not in value and "" not in vals]
-            if missing:
-                failure = _fail(f"Missing dict key parameter: '{missing[0]}'.", "value_error:dict_key")
+        missing = next((k for k, vals in answer.items() if k not in value and "" not in vals), None)
+        if missing is not None:  # checked even after a wrong value, as BFCL does: its error type wins
+            failure = _fail(f"Missing dict key parameter: '{missing}'.", "value_error:dict_key")
         if failure is None:
             return None
     return failure
@@ -123,57 +130,57 @@ def _list_dict_check(param: str, value: list, possible: list) -> Check | None:
         if len(value) != len(answer):
             failure = _fail("Wrong number of dictionaries in the list.", "value_error:list_dict_count")
             continue
-        failure = next((f for v, a in zip(value, answer, strict=True) if (f := _dict_check(param, v, [a]))), None)
+        failure = next((f for i in range(len(value)) if (f := _dict_check(param, value[i], [answer[i]]))), None)
         if failure is None:
             return None
     return failure
 
 
 def _convert(param: str, value: Any, doc: dict, language: str) -> tuple[Check | None, Any, type, type | None]:
-    """Java/JavaScript: the string the model wrote -> a Python value, with BFCL's converters."""
+    """Java/JavaScript: the string the model wrote -> a Python value, with BFCL's converters (which raise on
+    some shapes: the official checker then raises too)."""
     mapping, converter, tag = CONVERTERS[language]
     type_name = doc["type"]
-    if type_name not in mapping:
-        return _fail(f"Unsupported {language} type {type_name!r} for parameter {param!r}.", f"type_error:{tag}"), \
-            value, str, None
-    if not isinstance(value, str):
+    expected = mapping[type_name]
+    if type(value) is not str:
         return _fail(f"Incorrect type for parameter {param!r}. Expected type String, got {type(value).__name__}. "
-                     f"Parameter value: {value!r}.", f"type_error:{tag}"), value, mapping[type_name], None
-    nested_name = (doc.get("items") or {}).get("type") if type_name in NESTED_CONVERTED else None
-    try:
-        converted = converter(value, type_name, nested_name) if nested_name else converter(value, type_name)
-    except Exception as e:  # noqa: BLE001 - BFCL's converters raise on some shapes; that is a wrong value
-        return _fail(f"Could not read parameter {param!r} as {language} {type_name}: {e}. Parameter value: "
-                     f"{value!r}.", f"type_error:{tag}"), value, mapping[type_name], None
-    return None, converted, mapping[type_name], mapping.get(nested_name) if nested_name else None
+                     f"Parameter value: {value!r}.", f"type_error:{tag}"), value, expected, None
+    if type_name in NESTED_CONVERTED:
+        nested_name = doc["items"]["type"]
+        return None, converter(value, type_name, nested_name), expected, mapping[nested_name]
+    return None, converter(value, type_name), expected, None
 
 
 # ------------------------------------------------------------------------------------------ one call
 def check_call(doc: dict, call: dict, answer: dict, language: str = "Python") -> Check:
-    """One produced call against one possible answer `{name: {param: [acceptable values]}}` of function `doc`."""
-    possible = next(iter(answer.values()))
+    """One produced call against one possible answer `{name: {param: [acceptable values]}}` of function `doc`.
+    Raises where BFCL's `simple_function_checker` raises."""
+    possible = list(answer.values())[0]
     name = doc["name"]
-    if call.get("name") != name:
-        return _fail(f"Function name {name!r} not found in model output.", "simple_function_checker:wrong_func_name")
-    args: dict = call.get("arguments") or {}
     details: dict = doc["parameters"]["properties"]
-    for param in doc["parameters"].get("required", []):
+    required = doc["parameters"]["required"]
+    if call["name"] != name:
+        return _fail(f"Function name {name!r} not found in model output.", "simple_function_checker:wrong_func_name")
+    args: dict = call["arguments"]
+    for param in required:
         if param not in args:
             return _fail(f"Missing required parameter: {param!r}.", "simple_function_checker:missing_required")
     for param, value in args.items():
         if param not in details or param not in possible:
             return _fail(f"Unexpected parameter: {param!r}.", "simple_function_checker:unexpected_param")
-        type_name = details[param].get("type", "string")
+        type_name = details[param]["type"]
         nested = None
         if language in CONVERTERS:
             failure, value, expected, nested = _convert(param, value, details[param], language)
             if failure:
                 return failure
-        else:
-            expected = PYTHON_TYPES.get(type_name, str)
+        elif language == "Python":
+            expected = PYTHON_TYPES[type_name]
             if type_name in NESTED_PYTHON:
-                nested = PYTHON_TYPES.get((details[param].get("items") or {}).get("type", ""))
-        if type_name == "tuple" and isinstance(value, tuple):
+                nested = PYTHON_TYPES[details[param]["items"]["type"]]
+        else:
+            raise ValueError(f"BFCL checks Python, Java and JavaScript, not {language!r}")
+        if type_name == "tuple" and type(value) is tuple:
             value = list(value)
         if language == "Python" and type_name == "float" and type(value) is int:
             value = float(value)
@@ -198,30 +205,43 @@ def check_call(doc: dict, call: dict, answer: dict, language: str = "Python") ->
 
 
 # ------------------------------------------------------------------------------------------ categories
-def _doc(functions: list[dict], name: str) -> dict:
-    return next((f for f in functions if f["name"] == name), functions[0])
+def _doc(functions: list[dict], name: str) -> dict | None:
+    return next((f for f in functions if f["name"] == name), None)
 
 
 def check_ast(functions: list[dict], calls: list[dict], answers: list[dict], category: str,
               language: str = "Python") -> Check:
     """The produced calls against an item's possible answers, as BFCL's `ast_checker` for `category`:
-    parallel categories in any order, multiple categories one call chosen among several functions."""
-    if len(calls) != len(answers) or ("parallel" not in category and len(calls) != 1):
-        kind = "parallel_function_checker_no_order" if "parallel" in category else (
-            "multiple_function_checker" if "multiple" in category else "simple_function_checker")
-        result = _fail("Wrong number of functions.", f"{kind}:wrong_count")
-    elif "parallel" in category:
-        result = _check_any_order(functions, calls, answers, language)
-    else:
-        result = check_call(_doc(functions, next(iter(answers[0]))), calls[0], answers[0], language)
+    parallel categories in any order, multiple categories one call chosen among several functions, simple ones
+    the item's first function. A case the official checker raises on is a failure (CRASH)."""
+    try:
+        result = _check_ast(functions, calls, answers, category, language)
+    except Exception as e:  # noqa: BLE001 - the official checker raises here too: the leaderboard has no pass
+        result = _fail(f"The official checker (bfcl-eval 2025.6.8) raises on this case ({type(e).__name__}: {e}); "
+                       "counted as a failure.", CRASH)
     result.expected, result.produced = answers, calls
     return result
+
+
+def _check_ast(functions: list[dict], calls: list[dict], answers: list[dict], category: str, language: str
+               ) -> Check:
+    if "parallel" in category:
+        if len(calls) != len(answers):
+            return _fail("Wrong number of functions.", "parallel_function_checker_no_order:wrong_count")
+        return _check_any_order(functions, calls, answers, language)
+    if "multiple" in category:
+        if len(calls) != len(answers):
+            return _fail("Wrong number of functions.", "multiple_function_checker:wrong_count")
+        return check_call(_doc(functions, list(answers[0].keys())[0]), calls[0], answers[0], language)
+    if len(calls) != 1:
+        return _fail("Wrong number of functions.", "simple_function_checker:wrong_count")
+    return check_call(functions[0], calls[0], answers[0], language)
 
 
 def _check_any_order(functions: list[dict], calls: list[dict], answers: list[dict], language: str) -> Check:
     matched: set[int] = set()
     for i, answer in enumerate(answers):
-        doc = _doc(functions, next(iter(answer)))
+        doc = _doc(functions, list(answer.keys())[0])
         errors = []
         for j, call in enumerate(calls):
             if j in matched:

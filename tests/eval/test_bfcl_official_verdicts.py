@@ -1,0 +1,55 @@
+"""Our BFCL checker and raw decoder against bfcl-eval 2025.6.8's own verdicts, case by case (no network: the
+verdicts were recorded once by running the official code in its venv, `rstar2 bench conformance`, seed 52)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("bfcl_eval")
+
+from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import CRASH, check_ast  # noqa: E402
+
+FIXTURE = json.loads((Path(__file__).parents[1] / "data" / "bfcl_official_verdicts.json").read_text())
+
+
+@cache
+def _items(category: str) -> dict[str, dict]:
+    return {i["id"]: i for i in bfcl.load_items(category)}
+
+
+def item(category: str, item_id: str) -> dict:
+    return _items(category)[item_id]
+
+
+def test_every_ast_verdict_is_the_official_checkers():
+    wrong = []
+    for case in FIXTURE["ast"]:
+        it = item(case["category"], case["id"])
+        got = check_ast(case.get("functions", it["function"]), case["calls"], it["ground_truth"], case["category"],
+                        bfcl.language(case["category"]))
+        official = case["official"]
+        want_type = CRASH if official["error_type"] == "raises" else official.get("error_type", "")
+        if got.valid != official["valid"] or (not got.valid and got.error_type != want_type):
+            wrong.append((case["id"], case["calls"], official, got.error_type))
+    assert not wrong, wrong[:5]
+    assert any(c["official"].get("error_type") == "type_error:nested" for c in FIXTURE["ast"])
+
+
+def test_a_float_inside_an_integer_array_fails_the_nested_type_check():
+    doc = {"name": "f", "parameters": {"type": "dict", "required": ["xs"], "properties": {
+        "xs": {"type": "array", "items": {"type": "integer"}}}}}
+    answers = [{"f": {"xs": [[1, 2]]}}]
+    got = check_ast([doc], [{"name": "f", "arguments": {"xs": [1.0, 2]}}], answers, "simple")
+    assert not got.valid and got.error_type == "type_error:nested"
+    assert check_ast([doc], [{"name": "f", "arguments": {"xs": [1, 2]}}], answers, "simple").valid
+
+
+def test_where_the_official_checker_raises_the_verdict_is_a_failure():
+    doc = {"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}}}}  # no "required"
+    got = check_ast([doc], [{"name": "f", "arguments": {"x": 1}}], [{"f": {"x": [1]}}], "simple")
+    assert not got.valid and got.error_type == CRASH
