@@ -254,7 +254,8 @@ class FakeAgent:
         records = []
         for k, (name, args) in enumerate(self.script(len(self.requests) - 1, tools)):
             raw = json.dumps({"name": name, "arguments": args})
-            rec = ToolCallRecord(turn=0, id=f"c{k}", name=name, arguments=args, raw=f"<tool_call>{raw}</tool_call>")
+            rec = ToolCallRecord(turn=0, id=f"c{k}", name=name, arguments=args,
+                                 raw=f"<tool_call>\n{raw}\n</tool_call>\n")  # the form BFCL's Qwen handler reads
             rec.response = await execute(name, args) if execute else ""
             records.append(rec)
         turns = [Turn("".join(r.raw for r in records) + "<|im_end|>", 5, "stop", records)]

@@ -11,8 +11,11 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
+from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import CRASH, check_ast  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.decode import decode  # noqa: E402
+from rstar2_agent.trajectory import Trajectory, Turn  # noqa: E402
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "data" / "bfcl_official_verdicts.json").read_text())
 
@@ -53,3 +56,39 @@ def test_where_the_official_checker_raises_the_verdict_is_a_failure():
     doc = {"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}}}}  # no "required"
     got = check_ast([doc], [{"name": "f", "arguments": {"x": 1}}], [{"f": {"x": [1]}}], "simple")
     assert not got.valid and got.error_type == CRASH
+
+
+def test_every_raw_decoding_is_the_official_handlers():
+    wrong = []
+    for case in FIXTURE["decode"]:
+        got = decode(case["text"])
+        mine = None if got.error else [[c["name"], c["arguments"]] for c in got.calls]
+        if mine != case["official"]:
+            wrong.append((case["text"], case["official"], mine))
+    assert not wrong, wrong[:5]
+    assert sum(c["official"] is None for c in FIXTURE["decode"]) > 5  # the handler raises on some variants
+
+
+def _scripted(text: str):
+    async def agent(messages, **kwargs):
+        return Trajectory(prompt_ids=[1], turns=[Turn(text, 5, "stop")], stop_reason="max_turns")
+    return agent
+
+
+@pytest.mark.parametrize("text, correct", [
+    ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>', True),
+    ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', False),  # no newlines: the handler finds none
+    ('<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>', False),  # arguments as a string
+    ('<tool_call>\n{"name": "f", "parameters": {"x": 1}}\n</tool_call>', False),
+    ('<think>\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call></think>\n<tool_call>\n'
+     '{"name": "f", "arguments": {"x": 1}}\n</tool_call>', True),  # only what follows the reasoning counts
+])
+async def test_the_benchmark_scores_the_raw_text_as_the_leaderboard_reads_it(text, correct):
+    from rstar2_agent.eval.benchmarks.base import Context, Problem
+
+    doc = {"name": "f", "parameters": {"type": "dict", "required": ["x"], "properties": {"x": {"type": "integer"}}}}
+    problem = Problem("simple_x", "q", "[]", "bfcl_v3", meta={
+        "category": "simple", "functions": [doc], "turns": [[{"role": "user", "content": "q"}]],
+        "ground_truth": [{"f": {"x": [1]}}]})
+    out = await BFCLv3(["simple"]).run(problem, 0, Context(agent=_scripted(text), math_grader=None, seed=0))
+    assert out.correct is correct, out.details

@@ -1,7 +1,8 @@
 """BFCL v3: the Berkeley Function Calling Leaderboard, 17 categories (non-live, live, multi-turn).
 
 The model sees the item's functions as tools in our chat format's <tools> block and calls them in the Hermes
-format; the shared parser reads the calls. Function docs become OpenAI tool schemas as bfcl_eval prepares
+format; the agent loop's parser runs them, but scoring reads the raw text as the leaderboard's handler does
+(decode.py). Function docs become OpenAI tool schemas as bfcl_eval prepares
 them for function-calling models: a language hint in the description, BFCL types mapped to JSON schema
 types, Java/JavaScript parameters as strings in the language's syntax, dots in names replaced by
 underscores (mapped back before checking). Single-turn items are one assistant turn, checked by AST match
@@ -28,6 +29,7 @@ try:
 
     from . import data as bfcl
     from .ast_checker import Check
+    from .decode import decode, response_text
     from .multi_turn import Call, World
 except ImportError as e:  # bfcl-eval is not installed: the benchmark says how to get it when it is used
     bfcl = None  # type: ignore[assignment]
@@ -216,18 +218,21 @@ class BFCLv3(Benchmark):
         traj = await ctx.agent(with_system(meta["turns"][0]), tools=tools, max_turns=1, execute=_not_executed,
                                max_calls=CALLS_PER_TURN, seed=sample_seed(ctx.seed, problem.id, sample_index),
                                problem_prefix=False)
-        records = traj.turns[0].tool_calls if traj.turns else []
-        calls = [{"name": names.get(r.name, r.name), "arguments": r.arguments} for r in records if r.name]
-        unreadable = [r.raw for r in records if not r.name]
-        if unreadable and not bfcl.is_relevance(category):
-            why = next(r.error for r in records if not r.name)
-            check = Check(False, f"Invalid syntax. Failed to decode AST. {why}", "ast_decoder:decoder_failed",
+        # scored as the leaderboard reads the raw text (decode.py), not as the agent loop's parser read it
+        text = traj.turns[0].text if traj.turns else ""
+        decoded = decode(text)
+        calls = [{"name": names.get(c["name"], c["name"]) if isinstance(c["name"], str) else c["name"],
+                  "arguments": c["arguments"]} for c in decoded.calls]
+        if bfcl.is_relevance(category):
+            check = bfcl.grade_single_turn(category, meta["functions"], calls if decoded.made_call else [])
+        elif decoded.error is not None:
+            check = Check(False, f"Invalid syntax. Failed to decode AST. {decoded.error}", "ast_decoder:decoder_failed",
                           meta["ground_truth"], calls)
         else:
             check = bfcl.grade_single_turn(category, meta["functions"], calls, meta["ground_truth"])
         details = {"category": category, "error": check.error, "expected": check.expected, "produced": calls}
-        if unreadable:
-            details["unreadable"] = unreadable
+        if decoded.error is not None:
+            details["unreadable"] = response_text(text)
         return self._outcome(traj, check, calls, problem, details)
 
     async def _multi_turn(self, problem: Problem, sample_index: int, ctx: Context) -> Outcome:
