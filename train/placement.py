@@ -68,7 +68,7 @@ class RayPlacement:
 
         return LearnerGroup(self.cfg.ray, model_path, self.cfg.optim, total_steps, dtype=self.cfg.dtype,
                             checkpoint=self.cfg.checkpoint, gradient_checkpointing=self.cfg.gradient_checkpointing,
-                            colocated=self.cfg.placement == "colocated")
+                            colocated=self.cfg.placement == "colocated", rollout_engine=self.cfg.rollout_engine)
 
     async def rollout(self, resolved: ResolvedModel, learner: Learner | None, transfer: str | None = None
                       ) -> tuple[TrainableEngine, Sandbox]:

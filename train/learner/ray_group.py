@@ -287,7 +287,8 @@ class LearnerGroup:
     """The `Learner` protocol (protocol.py) over `learners` FSDP ranks."""
 
     def __init__(self, cfg: RayConfig, model_path: str, optim: Any, total_steps: int, *, dtype: str = "auto",
-                 checkpoint: Any = None, gradient_checkpointing: bool = False, colocated: bool = False):
+                 checkpoint: Any = None, gradient_checkpointing: bool = False, colocated: bool = False,
+                 rollout_engine: str = "hf"):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
@@ -295,6 +296,7 @@ class LearnerGroup:
         self.connected_here = connect(cfg)  # then close() disconnects
         self.actors: list[Any] = []
         self.cfg, self.step = cfg, 0
+        self.rollout_engine = rollout_engine  # the recipe's (top level since rollout_engine left RayConfig)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.members: tuple[Any, ...] | None = None  # the rollout workers (and incarnations) of the push group
         self.plan: list[Any] = []
@@ -328,7 +330,7 @@ class LearnerGroup:
     @property
     def push_dtype(self) -> str | None:
         """What the weights travel as: bf16 to vLLM rollout workers (they hold bf16), as held to the hf ones."""
-        return "bf16" if self.cfg.rollout_engine == "vllm" else None
+        return "bf16" if self.rollout_engine == "vllm" else None
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray
