@@ -74,7 +74,8 @@ train: install
 
 # The paper's pipeline rehearsed: the 14B recipes themselves (SFT, three RL stages on a local Ray cluster, the
 # paper's eval table) under the CPU scale-down overlay, printed as a diff against the recipes, every hand-off
-# between the stages checked (about a minute on 2 cores with the tiny model; REHEARSAL_MODEL=smollm2-135m: the real one)
+# between the stages checked, every RL stage taking an update and a checked push (a few minutes on 2 idle cores with
+# the tiny model; REHEARSAL_MODEL=smollm2-135m: the real one, much slower)
 REHEARSAL_MODEL ?= tiny
 rehearsal: install
 	$(VENV)/bin/rstar2 train rehearse --fixtures tests/data --model $(REHEARSAL_MODEL)

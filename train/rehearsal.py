@@ -1,20 +1,34 @@
 """The paper's pipeline rehearsed: the 14B recipes themselves, chained as a cluster would chain them
 (`sft-qwen3-14b-base`, then `rl-qwen3-14b-base-mi300x` on its checkpoint, then `rstar2 eval paper` on RL's),
-under one named scale-down overlay, with every hand-off between the stages checked on what the stages wrote.
+under one named scale-down overlay, with every hand-off between the stages checked on what the stages wrote, and
+every RL stage training: at least one real update through the 14B recipe's own update path (its PPO mini-batches,
+token-budget micro-batches, chunked logprobs, gradient checkpointing, Ray's FSDP ranks over gloo), the new weights
+pushed to the rollout worker and the push checked (train/push_check.py).
 
-The overlay (`cpu_overlay`) changes only what a CPU cannot hold: the model (the embedded SmolLM2, or its 2-layer
-random variant where learning does not matter), counts and budgets (steps, prompts, tokens, ranks and actors),
-the hub sources (read from fixtures in each source's own schema), bf16 (fp32 on CPU), where things are written,
-and the start check's threshold (a random or barely trained model writes no answer: its figures are still
-computed and reported). Everything else is the recipes' own: the format, the SFT mix and its target
-shape, the batch in examples, RoC, the loss, the stages with their filter and optimizer reset, the staleness,
-`distributed: ray` (a local cluster of CPU actors), the answer extraction. `diff` prints it against the recipes.
+The overlay (`cpu_overlay`) changes only what a CPU cannot hold: the model (the embedded SmolLM2's 2-layer random
+variant by default, or the embedded SmolLM2 itself), counts and budgets (steps, prompts, tokens, examples a step,
+ranks and actors), the hub sources (read from fixtures in each source's own schema), bf16 (fp32 on CPU), where
+things are written, and, each named beside its line of the printed diff (`DEPARTURES`):
+- SFT's data: the paper's mix plus the RL fixture problems as SFT rows in the format's full shape, each answering
+  its problem (`fixture_rows`, FIXTURE_COPIES times each). They stand in for what the paper's Qwen3-14B-Base brings
+  to its RL problems (it solves some before RL), as `make train`'s 16 rows of RL's families do: without them a
+  small model answers none of RL's problems, every group is all wrong, RoC drops it and no stage ever updates. The
+  grader is RL's own; the policy still misses some samples, so groups hold right and wrong rollouts;
+- SFT's learning rate, for a few-step CPU SFT (the 14B's 5e-6 moves a small model nowhere in that many steps);
+- seeded rollouts (the recipe leaves them off for vLLM's batched sampler), so the rehearsal reproduces.
+The start check keeps the recipe's threshold (`start_check.min_answer_share`), which the SFT'd policy passes.
+Everything else is the recipes' own: the format, the SFT mix and its target shape, RoC, the loss, the update's
+settings, the stages with their filter and optimizer reset, the staleness, `distributed: ray` (a local cluster of
+CPU actors), the answer extraction. `diff` prints it against the recipes.
 
 The hand-offs, each raising `HandOffError` with what to fix:
 - the recipes chain: RL's `model` is SFT's `out`/last, and both train in the same format;
 - SFT's data: every source's targets in the format's full shape (each call after a closed `</reason>`, each
   final turn in an answer block: what the RL reward reads), as the SFT run recorded it;
-- RL's start: the preflight's answer and signal shares on the first step's rollouts, recorded;
+- RL's start: the preflight's answer and signal shares on the first step's rollouts, recorded (the RL run itself
+  stops below the recipe's thresholds);
+- RL trains: every stage took at least one update (kept rollouts: `update_tokens` > 0), with its gradient norm,
+  and every update's push was checked (`push_probe_*`), else the stage is named (`check_rl_updates`);
 - eval: `rstar2 eval paper` reads the format and the answer extraction RL rewarded from the checkpoint.
 """
 
@@ -45,9 +59,11 @@ from .sft import run_sft
 SFT_RECIPE = "sft-qwen3-14b-base"
 RL_RECIPE = "rl-qwen3-14b-base-mi300x"
 OVERLAY = "cpu"  # the one overlay: a CPU machine of 2 cores or more
-SFT_EPOCHS = 6.0
-SFT_LR = 1e-4
-START_ANSWER_SHARE = 0.02
+SFT_EPOCHS = 1.0
+SFT_LR = 1e-2  # the random tiny model's; a pretrained one (--model smollm2-135m) takes PRETRAINED_SFT_LR
+PRETRAINED_SFT_LR = 3e-4  # measured: 8 one-example steps teach SmolLM2-135M the answer shape on the fixture prompts
+SFT_BATCH = 1  # examples a step
+FIXTURE_COPIES = 48  # each RL fixture problem's row, this many times in the SFT data
 EVAL_TIMEOUT_S = 1800.0
 
 
@@ -96,18 +112,19 @@ DEPARTURES = {
     "data": "+ the RL fixture problems as SFT rows (fixture_rows): the prior on RL's problems a pretrained base brings",
     "optim.lr": "a few-step CPU SFT of a small model learns nothing at the 14B's 5e-6",
     "seeded_rollouts": "seeded: the rehearsal's rollouts are reproducible (vLLM's batched sampler is not here)",
-    "start_check.min_answer_share": "the SFT'd rehearsal policy's measured share clears it",
 }
 FIXTURE_ROWS = "rl-fixture-rows.jsonl"  # under the rehearsal's out
 
 
-def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixtures) -> tuple[dict, dict]:
+def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixtures, sft_lr: float = SFT_LR
+                ) -> tuple[dict, dict]:
     """The scale-down overlay as dotted-key changes to each recipe (`recipe.load(..., changes=...)`)."""
     db = str(out / "rehearsal.db")
-    # SFT: the paper's mix, plus the RL fixture problems as rows in the format's full shape (`fixture_rows`), several
-    # epochs at a small model's learning rate: the start policy answers some of RL's problems, some of the time
-    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": 4, "epochs": SFT_EPOCHS,
-                   "optim.lr": SFT_LR, "data": [*sft.data, str(out / FIXTURE_ROWS)], "dtype": "fp32",
+    # SFT: the paper's mix, plus the RL fixture problems as rows in the format's full shape (`fixture_rows`), one
+    # example a step at a small model's learning rate: the start policy answers RL's problems, some of the time; RL
+    # keeps the recipe's start check (start_check.min_answer_share), which that policy passes
+    sft_changes = {"model": model, "hub_dir": str(fx.hub_dir), "batch_examples": SFT_BATCH, "epochs": SFT_EPOCHS,
+                   "optim.lr": sft_lr, "data": [*sft.data, str(out / FIXTURE_ROWS)], "dtype": "fp32",
                    "out": str(out / "sft"), "db": db}
     data = [f"dapo:{fx.problems('dapo')}", f"euler:{fx.problems('euler')}"]
     # one step a stage, each stage's other settings kept (turns, filter, optimizer reset)
@@ -115,8 +132,7 @@ def cpu_overlay(sft: SFTConfig, rl: RLConfig, model: str, out: Path, fx: Fixture
     rl_changes = {
         "model": str(out / "sft" / "last"), "stages": stages, "prompts_per_step": 2, "group_size": 4,
         "micro_batch_tokens": 1024, "logprob_chunk_tokens": 64, "gpu_memory_gib": 0.0, "dtype": "fp32",
-        "seeded_rollouts": True, "start_check.min_answer_share": START_ANSWER_SHARE, "out": str(out / "rl"),
-        "db": db, "data_dir": str(fx.benchmarks),
+        "seeded_rollouts": True, "out": str(out / "rl"), "db": db, "data_dir": str(fx.benchmarks),
         "ray.address": None, "ray.learners": 2, "ray.gpus_per_learner": 0.0, "ray.cpus_per_learner": 0.5,
         "ray.rollout_workers": 1, "rollout_engine": "hf", "ray.gpus_per_rollout_worker": 0.0,
         "ray.cpus_per_rollout_worker": 0.5, "engine_options": {}, "ray.sandbox_actors": 1,
@@ -161,7 +177,8 @@ class Rehearsal:
         model = self.model
         if model == "tiny":
             model = str(tiny_variant(resolve_model("smollm2-135m").path, self.out / "tiny-smollm2"))
-        sft_changes, rl_changes = cpu_overlay(sft, rl, model, self.out, fx)
+        sft_changes, rl_changes = cpu_overlay(sft, rl, model, self.out, fx,
+                                              SFT_LR if self.model == "tiny" else PRETRAINED_SFT_LR)
         return ((sft, recipes.load(SFTConfig, SFT_RECIPE, changes=sft_changes)),
                 (rl, recipes.load(RLConfig, RL_RECIPE, changes=rl_changes)))
 
@@ -174,7 +191,7 @@ class Rehearsal:
         check_chain(sft_plain, rl_plain)
         check_chain(sft, rl)
 
-        rows = fixture_rows(rl, self.out / FIXTURE_ROWS)
+        rows = fixture_rows(rl, self.out / FIXTURE_ROWS, FIXTURE_COPIES)
         self.echo(f"SFT data: the paper's mix and {rows} rows of the RL fixture problems ({FIXTURE_ROWS})")
         started = time.monotonic()
         final_sft, history = run_sft(sft)
