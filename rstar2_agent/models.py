@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,9 @@ REGISTRY: dict[str, ModelSpec] = {
                                   format_note="the public checkpoint was trained in the paper's framework, in the "
                                   "format its prompt and trace figures show (the release's code came later)"),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
+    # The default agent of chat and serve: the embedded SmolLM2 after the project's own SFT (train/made_models.py)
+    "smollm2-agent": ModelSpec("smollm2-agent", format="hermes", context_length=8192,
+                               format_note="the project's SFT taught it one Hermes call to the Python tool"),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
                                           format="markdown", context_length=4096),
 }
@@ -65,11 +69,39 @@ def rstar2_home() -> Path:
     return Path(os.environ.get("RSTAR2_HOME", Path.home() / ".cache" / "rstar2"))
 
 
+# Models the project makes from the embedded base with its own recipe, once per machine (train/made_models.py): the
+# default agent of `rstar2 chat` and `rstar2 serve`. The entry point registers the maker (the training wing's) in
+# MAKERS, so that the first use makes it; `rstar2 models make NAME` makes it ahead.
+DEFAULT_AGENT = "smollm2-agent"
+MADE = {DEFAULT_AGENT: "the embedded SmolLM2-135M-Instruct after the SFT recipe sft-smollm2-cpu (128 synthesized "
+                       "tool-use conversations): it writes a Python call, reads the result and boxes an answer"}
+MAKERS: dict[str, Callable[[], Path]] = {}
+
+
+def made_pointer(name: str) -> Path:
+    """`$RSTAR2_HOME/models/NAME.json`: the made model's card, pointing at its folder (written once it is whole)."""
+    return rstar2_home() / "models" / f"{name}.json"
+
+
+def made_folder(name: str) -> Path:
+    """The folder of a made model: made now by the registered maker, else the one a pointer names."""
+    if name in MAKERS:
+        return MAKERS[name]()
+    pointer = made_pointer(name)
+    folder = Path(json.loads(pointer.read_text())["path"]) if pointer.exists() else None
+    if folder is None or not (folder / "config.json").exists():
+        raise ModelError(f"{name} is made once from the embedded base (about 4 minutes on 2 cores): run "
+                         f"`rstar2 models make {name}`, or name another model (--model {DEFAULT_MODEL})")
+    return folder
+
+
 def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
     """A registry name, a local folder, a training run's name (its `runs/NAME/last` under the working folder) or
     a Hugging Face id -> a local folder and the model's defaults."""
     name = name_or_path or DEFAULT_MODEL
     spec = REGISTRY.get(name.lower())
+    if spec is not None and spec.name in MADE:
+        return ResolvedModel(str(made_folder(spec.name)), spec)
     if spec is not None and spec.gguf is not None:
         return ResolvedModel(str(ensure_embedded(spec)), spec)
     if spec is None and Path(name).expanduser().is_dir():
@@ -205,7 +237,7 @@ def ensure_embedded(spec: ModelSpec) -> Path:
     if not (gguf_dir / filename).exists():
         raise ModelError(f"{gguf_dir / filename} is missing; reinstall {package.replace('_', '-')}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{spec.name}.lock"):
+    with file_lock(target.parent / f".{spec.name}.lock"):
         if (target / "config.json").exists():  # another process converted it while we waited
             return target
         log.info("converting the embedded %s (%s) to a Hugging Face folder in %s, once", spec.name, filename, target)
@@ -225,7 +257,7 @@ def ensure_embedded(spec: ModelSpec) -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def file_lock(path: Path):
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

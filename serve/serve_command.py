@@ -13,7 +13,8 @@ from rstar2_agent.cli_options import engine_option, replica_options
 
 @click.group("serve", invoke_without_command=True)
 @click.pass_context
-@click.option("--model", default=None, help="Registry name (default smollm2-135m), local folder or Hugging Face id.")
+@click.option("--model", default=None, help="Registry name (default smollm2-agent: the embedded SmolLM2 after the "
+              "project's SFT, made on first use; smollm2-135m: the untaught base), local folder or Hugging Face id.")
 @engine_option
 @click.option("--url", "urls", multiple=True, help="Upstream OpenAI-compatible server for --engine openai; "
               "several: a replica pool over them.")
@@ -86,13 +87,14 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
 
     from rstar2_agent.engines import EngineError
     from rstar2_agent.engines.spec import EngineSpec
-    from rstar2_agent.models import ModelError, resolve_model
+    from rstar2_agent.models import DEFAULT_AGENT, ModelError, resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
     from .app import create_app
     from .guard import uvicorn_config
     from .server import ServeConfig, Server
 
+    model = model or (None if urls else DEFAULT_AGENT)  # the project's agent, made on first use
     try:
         resolved = resolve_model(model)
     except ModelError as e:

@@ -293,7 +293,8 @@ def chat_prompt_ids(question: str, format_name: str) -> list[int]:
     import subprocess
     import sys
 
-    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--engine", "hf", "-p", question,
+    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--model", "smollm2-135m", "--engine",
+                        "hf", "-p", question,
                         "--json", "--format", format_name, "--max-turns", "1", "--max-tokens", "8", "--temperature",
                         "0"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]

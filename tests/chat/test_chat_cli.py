@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def run(args: list[str], stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([RSTAR2, "chat", "--engine", "hf", "--temperature", "0", *args], input=stdin,
+    return subprocess.run([RSTAR2, "chat", "--model", "smollm2-135m", "--engine", "hf", "--temperature", "0", *args],
+                          input=stdin,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -49,7 +50,8 @@ def test_ctrl_c_stops_the_answer_not_the_program(smol):
 
     # Greedy counting runs this model to its token cap (minutes), so the answer is still being written
     # when the signal arrives, whatever the machine's speed.
-    proc = subprocess.Popen([RSTAR2, "chat", "--engine", "hf", "--temperature", "0", "--max-tokens", "3000",
+    proc = subprocess.Popen([RSTAR2, "chat", "--model", "smollm2-135m", "--engine", "hf", "--temperature", "0",
+                             "--max-tokens", "3000",
                              "--max-turns", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

@@ -1,0 +1,45 @@
+"""The default agent is made once per machine from the embedded base by the project's own SFT recipe
+(train/made_models.py), under a key of recipe and base: made whole or not at all (a stopped build is never used),
+found again without training, remade when its recipe changes, and named by the command that makes it when it is
+missing. Run here on a scaled-down recipe (2 conversations, 1 step) in a fresh RSTAR2_HOME that shares only the
+converted base."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rstar2_agent.models import DEFAULT_AGENT, ModelError, made_pointer, resolve_model
+from rstar2_agent.train.made_models import RECIPES, make_model
+
+SMALL = {"data": ["synthetic:2:0"], "epochs": 1, "seq_len": 1024}  # one step
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_path, monkeypatch, smol):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m").symlink_to(smol.path)  # the converted base, shared
+    monkeypatch.setenv("RSTAR2_HOME", str(tmp_path))
+    monkeypatch.setattr("rstar2_agent.models.MAKERS", {})  # an in-process `rstar2` run may have registered one
+    with pytest.raises(ModelError, match=f"rstar2 models make {DEFAULT_AGENT}"):
+        resolve_model(DEFAULT_AGENT)
+
+    steps: list[int] = []
+    folder = make_model(changes=SMALL, on_step=lambda done, total, m: steps.append(done), echo=lambda _: None)
+    card = json.loads(made_pointer(DEFAULT_AGENT).read_text())
+    assert steps == [1] and card["path"] == str(folder) and card["recipe"] == RECIPES[DEFAULT_AGENT]
+    meta = json.loads((folder / "rstar2.json").read_text())
+    assert meta["format"] == "hermes" and (folder / "config.json").exists()
+    assert resolve_model(DEFAULT_AGENT).path == str(folder)  # found by its pointer, nothing trained
+    assert make_model(changes=SMALL, on_step=lambda *a: steps.append(-1), echo=lambda _: None) == folder
+    assert steps == [1]
+
+    def stop(text: str) -> None:
+        raise KeyboardInterrupt  # Ctrl-C as the build starts, its folder made
+
+    with pytest.raises(KeyboardInterrupt):  # another recipe: another key, so a new build starts (and is stopped)
+        make_model(changes={**SMALL, "seed": 1}, echo=stop)
+    assert not list((tmp_path / "models").glob(".smollm2-agent-building-*"))  # nothing partial left
+    assert resolve_model(DEFAULT_AGENT).path == str(folder)  # the whole one is still the one used

@@ -1,0 +1,82 @@
+"""Models the project makes from the embedded base with its own recipes, once per machine: today the default agent
+of `rstar2 chat` and `rstar2 serve` (`smollm2-agent`), the embedded SmolLM2-135M-Instruct after `make train`'s SFT
+recipe (`sft-smollm2-cpu`: 128 synthesized tool-use conversations, one Hermes call to the Python tool and a boxed
+answer each), about 4 minutes on 2 cores.
+
+A made model lives in `$RSTAR2_HOME/models/NAME-KEY`, KEY a hash of the recipe as resolved, the data it names and
+the base model's files, so a changed recipe or base makes a new one and an unchanged one is made once. It is built
+in a hidden folder beside it and renamed into place when whole; `NAME.json` then points at it (the core's
+`models.made_folder` reads the pointer): a build stopped by Ctrl-C, SIGTERM or a crash leaves no pointer to a
+partial model, and the next build starts clean. Training is deterministic (the recipe's seed; synthesized data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rstar2_agent.models import DEFAULT_AGENT, file_lock, made_pointer, resolve_model, rstar2_home
+
+from . import recipe as recipes
+from .config import SFTConfig
+
+RECIPES = {DEFAULT_AGENT: "sft-smollm2-cpu"}
+
+
+def model_key(cfg: SFTConfig) -> str:
+    """A hash of what the model is made from: the resolved recipe (less where it is written) and the base model's
+    files (their names and sizes)."""
+    base = Path(resolve_model(cfg.model).path)
+    files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
+    recipe = recipes.dump(cfg).replace(cfg.out, "OUT").replace(cfg.db or "", "DB")
+    return hashlib.sha256(json.dumps([recipe, files]).encode()).hexdigest()[:12]
+
+
+def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
+               on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+               echo: Callable[[str], None] = print) -> Path:
+    """The folder of the made model `name`, made now if this machine has none of the current recipe; `changes`:
+    recipe overrides (tests make a small one)."""
+    from .sft import run_sft
+
+    if name not in RECIPES:
+        raise ValueError(f"no made model {name!r}; the project makes {', '.join(RECIPES)}")
+    home = rstar2_home() / "models"
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = recipes.load(SFTConfig, RECIPES[name], changes={"out": "OUT", "db": "DB", **(changes or {})})
+    key = model_key(cfg)
+    target = home / f"{name}-{key}"
+    with file_lock(home / f".{name}.lock"):
+        pointer = made_pointer(name)
+        if target.is_dir() and pointer.exists() and json.loads(pointer.read_text()).get("key") == key:
+            return target
+        for stale in home.glob(f".{name}-building-*"):  # a build a kill stopped: never used, removed
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=home))
+        try:
+            echo(f"making {name} once: SFT of {cfg.model} on the recipe {RECIPES[name]} ({', '.join(cfg.data)}), "
+                 f"into {target}")
+            started = time.monotonic()
+            cfg = recipes.load(SFTConfig, RECIPES[name], changes={**(changes or {}), "out": str(work / "sft"),
+                                                                   "db": str(work / "store.db")})
+            final, history = run_sft(cfg, on_step=on_step)
+            os.replace(final.resolve(), work / "model")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(work / "model", target)  # whole, or not there
+            card = {"name": name, "key": key, "path": str(target), "recipe": RECIPES[name], "base": cfg.model,
+                    "steps": len(history), "loss": [history[0]["loss"], history[-1]["loss"]] if history else [],
+                    "seconds": round(time.monotonic() - started, 1)}
+            tmp = pointer.with_suffix(".tmp")
+            tmp.write_text(json.dumps(card, indent=1))
+            os.replace(tmp, pointer)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    echo(f"{name}: made in {card['seconds']:.0f} s ({card['steps']} steps, loss {card['loss'][0]:.2f} -> "
+         f"{card['loss'][1]:.2f})")
+    return target
