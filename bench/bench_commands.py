@@ -1,6 +1,7 @@
 """`rstar2 bench`: every benchmark, simulator and calibration, each measured side by side against its baseline in
-one process (ratios, not absolute timings): engines, sandbox, serve, eval, grading, rollout, push, learner, gpu, and the
-simulators `rstar2 bench simulate step|replicas` (simulate_commands.py). Figures and their commands: docs/results.md."""
+one process (ratios, not absolute timings): engines, sandbox, serve, eval, grading, rollout, push, learner, gpu, the
+checkers against the official ones (conformance), and the simulators `rstar2 bench simulate step|replicas`
+(simulate_commands.py). Figures and their commands: docs/results.md."""
 
 from __future__ import annotations
 
@@ -108,6 +109,36 @@ def sandbox_cmd(quick: bool, workers: int | None, json_path: str | None) -> None
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"rows": [dataclasses.asdict(r) for r in rows], "ratios": rat}, f, indent=2)
+
+
+@bench_group.command("conformance")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The corpus is a function of the seed.")
+@click.option("--cases", type=click.IntRange(1), default=5000, show_default=True, help="Cases per checker.")
+def conformance_cmd(json_path: str | None, seed: int, cases: int) -> None:
+    """Each checker's verdicts against the official implementation's (BFCL AST, BFCL raw decoding, IFEval, GPQA),
+    the official packages in venvs of their own under $RSTAR2_HOME/conformance (built once). Exits 1 on a
+    disagreement that is not a documented difference."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .conformance import conformance
+
+    report = conformance(seed, cases)
+    table = Table(title=f"rstar2 bench conformance (seed {seed}; {report['versions']})")
+    for col in ("checker", "cases", "agree", "official raises", "disagreements (class: count)", "unexplained"):
+        table.add_column(col)
+    for kind, b in report["benchmarks"].items():
+        classes = "; ".join(f"{c}: {d['count']}{'' if d['explained'] else ' (!)'}"
+                            for c, d in b["disagreements"].items())
+        table.add_row(kind, str(b["cases"]), f"{b['agree']} ({b['agreement']:.2%})", str(b["official_raises"]),
+                      classes or "-", str(b["unexplained"]))
+    Console().print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+    if report["unexplained"]:
+        raise SystemExit(1)
 
 
 @bench_group.command("serve")

@@ -43,16 +43,6 @@ def sample(category: str, n: int = 40) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ known-correct calls
-def first(values: list):
-    """The first acceptable value; a dict's (or list of dicts') values are lists of acceptable values too."""
-    v = values[0]
-    if isinstance(v, dict):
-        return {k: x[0] for k, x in v.items() if x and x[0] != ""}
-    if isinstance(v, list) and v and isinstance(v[0], dict) and all(isinstance(x, list) for x in v[0].values()):
-        return [{k: x[0] for k, x in d.items() if x and x[0] != ""} for d in v]
-    return v
-
-
 def java(v, doc: dict) -> str:
     """A Python value (dicts: one value per key) in Java syntax, as BFCL's converter reads it."""
     kind, inner = doc["type"], (doc.get("items") or {}).get("type")
@@ -87,7 +77,7 @@ def correct_calls(item: dict, category: str) -> list[dict]:
     calls = []
     for answer in item["ground_truth"]:
         for name, params in answer.items():
-            args = {p: first(v) for p, v in params.items() if v and v[0] != ""}
+            args = {p: bfcl.first_answer(v) for p, v in params.items() if v and v[0] != ""}
             if literal:
                 args = {p: literal(v, docs[name][p]) for p, v in args.items()}
             calls.append({"name": name, "arguments": args})

@@ -1,5 +1,5 @@
 """Our BFCL checker and raw decoder against bfcl-eval 2025.6.8's own verdicts, case by case (no network: the
-verdicts were recorded once by running the official code in its venv, `rstar2 bench conformance`, seed 52)."""
+verdicts were recorded once by running the official code in its venv: bench/conformance.py `bfcl_fixture`)."""
 
 from __future__ import annotations
 

@@ -83,6 +83,17 @@ def category_size(category: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------ grading
+def first_answer(values: list) -> Any:
+    """A parameter's first acceptable value; a dict's (or list of dicts') values are lists of acceptable values
+    too, each taken at its first."""
+    v = values[0]
+    if isinstance(v, dict):
+        return {k: x[0] for k, x in v.items() if x and x[0] != ""}
+    if isinstance(v, list) and v and isinstance(v[0], dict) and all(isinstance(x, list) for x in v[0].values()):
+        return [{k: x[0] for k, x in d.items() if x and x[0] != ""} for d in v]
+    return v
+
+
 def grade_single_turn(category: str, functions: list[dict], calls: list[dict], ground_truth: list | None = None
                       ) -> Check:
     """Produced calls `[{"name", "arguments"}]` (original function names) for a single-turn item."""

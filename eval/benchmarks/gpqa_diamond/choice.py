@@ -17,7 +17,7 @@ LETTERS = "ABCD"
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 _BARE = re.compile(r"^\(?\s*(?:option|choice)?\s*\(?([A-Z])\)?(?:[\s.:)\]]|$)", re.IGNORECASE)
 _STATED = re.compile(
-    r"(?i:answer|choice|option)\s*(?i:is|:)?\s*(?i:option\s*)?[*(\[{\s]*([A-D])\b(?![a-z'])"  # the answer is (B)
+    r"(?i:answer|choice|option)\s*(?i:is|:)?\s*(?i:option\s*)?[*(\[{\s$]*([A-D])\b(?![a-z'])"  # the answer is (B)
     r"|\*\*\s*\(?([A-D])\)?\s*\*\*"  # **B**
     r"|^\s*\(?([A-D])\)\s*$",  # a line with just "(B)" or "B)"
     re.MULTILINE)
