@@ -30,12 +30,13 @@ from rstar2_agent.train.rehearsal import (
 
 FIXTURES = Path(__file__).resolve().parent / "data"
 # what the overlay may change: the model and where things are read and written, counts, budgets, ranks and actors,
-# the CPU's dtype; SFT's learning rate (a few-step SFT of a small model learns nothing
-# at the 14B's 5e-6) and seeded rollouts (reproducible; the recipe leaves them off for vLLM's batched sampler's speed);
-# never the algorithm, the format or the data's shape
+# the CPU's engine (rollout_engine hf, its options, sandbox workers) and dtype; SFT's learning rate (a few-step SFT
+# of a small model learns nothing at the 14B's 5e-6) and seeded rollouts (reproducible; the recipe leaves them off
+# for vLLM's batched sampler's speed); never the algorithm, the format or the data's shape
 SCALE = {"model", "hub_dir", "batch_examples", "epochs", "dtype", "out", "db", "prompts_per_step", "group_size",
          "micro_batch_tokens", "logprob_chunk_tokens", "gpu_memory_gib", "data_dir",
-         "optim.lr", "seeded_rollouts"}
+         "optim.lr", "seeded_rollouts", "rollout_engine", "sandbox_workers", "engine_options.gpu_memory_utilization",
+         "engine_options.max_num_seqs"}
 
 
 def test_the_overlay_changes_only_scale_and_the_recipes_chain(tmp_path):
@@ -146,7 +147,8 @@ def test_the_rehearsal_chains_the_14b_recipes_end_to_end(tmp_path):
     assert "rehearsal passed" in out
     figures = json.loads(out.strip().splitlines()[-1])
     sources = figures["sft"]["sources"]
-    assert len(sources) == 6 and all(s["in_shape"] == 1.0 and s["examples"] > 0 for s in sources)
+    assert len(sources) == 7 and all(s["in_shape"] == 1.0 and s["examples"] > 0 for s in sources)
+    assert sources[-1]["source"].endswith(FIXTURE_ROWS) and sources[-1]["in_shape_as_written"] == 1.0
     assert any(s["in_shape_as_written"] < 1.0 for s in sources)  # the conversion did the work, and was needed
     assert figures["sft"]["steps"] > 0 and figures["rl"]["steps"] == 3  # one step in each of the three stages
     # the SFT'd policy passes the recipe's start check (0.02), and every stage trained, pushed and checked the push
