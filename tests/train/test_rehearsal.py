@@ -28,7 +28,7 @@ from rstar2_agent.train.rehearsal import (
     overlay_text,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "data"
+FIXTURES = Path(__file__).resolve().parents[1] / "data"
 # what the overlay may change: the model and where things are read and written, counts, budgets, ranks and actors,
 # the CPU's engine (rollout_engine hf, its options, sandbox workers) and dtype; SFT's learning rate (a few-step SFT
 # of a small model learns nothing at the 14B's 5e-6) and seeded rollouts (reproducible; the recipe leaves them off
