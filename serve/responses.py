@@ -53,7 +53,7 @@ STATEFUL_NOTE = ("Each call runs in this conversation's persistent Python sessio
 
 
 @dataclass
-class Plan:
+class CheckedResponse:
     """A checked request, ready to run: what the shared helpers read, the rendered prompt, the container."""
 
     req: ResponsesRequest
@@ -72,7 +72,7 @@ class Plan:
 
 
 @dataclass
-class Result:
+class ResponseRun:
     messages: list[dict[str, Any]]  # what this response adds to the conversation, as chat messages
     input_tokens: int
     output_tokens: int
@@ -90,7 +90,7 @@ class Responses:
         self.containers = Containers(server.sandbox, cfg.max_containers, cfg.container_idle_timeout)
 
     # ------------------------------------------------------------------ planning (every check before any work)
-    async def plan(self, req: ResponsesRequest) -> Plan:
+    async def plan(self, req: ResponsesRequest) -> CheckedResponse:
         """The checked request, its prompt rendered off the event loop, and its container held (a new one made:
         past the cap, a 429 before anything runs); `release` lets it go."""
         server = self.server
@@ -108,7 +108,7 @@ class Responses:
         tools = ([stateful_schema(fmt.tools[0])] if stateful else None) if loop else functions
         prompt = await server.render(fmt, chat.messages, tools)
         server.check_fits(prompt, req.max_output_tokens, "input", "max_output_tokens")
-        plan = Plan(req, chat, fmt, prompt, conversation, loop, stateful)
+        plan = CheckedResponse(req, chat, fmt, prompt, conversation, loop, stateful)
         if loop:
             spec, param = code["container"], f"tools[{req.tools.index(code)}].container"
             if not stateful:  # the rStar2 formats: the id is only reported
@@ -124,7 +124,7 @@ class Responses:
             plan.container_id = plan.container.id if plan.container else plan.container_id or new_id("cntr")
         return plan
 
-    def release(self, plan: Plan) -> None:
+    def release(self, plan: CheckedResponse) -> None:
         """The request has ended: its container may expire from now on, or, made for a request that never finished,
         is closed now."""
         if plan.container is not None:
@@ -132,10 +132,10 @@ class Responses:
             plan.container = None
 
     # ------------------------------------------------------------------ running
-    async def run(self, plan: Plan, out: Output) -> Result:
+    async def run(self, plan: CheckedResponse, out: Output) -> ResponseRun:
         return await (self.run_loop(plan, out) if plan.loop else self.run_once(plan, out))
 
-    async def run_loop(self, plan: Plan, out: Output) -> Result:
+    async def run_loop(self, plan: CheckedResponse, out: Output) -> ResponseRun:
         """The agent loop; its text parsed into reasoning and message items as it streams, each call an item."""
         reader = LoopReader(self.server.reply_parser(plan.chat, plan.prompt, tools=PYTHON_TOOLS), plan.fmt.eos_text)
 
@@ -150,10 +150,10 @@ class Responses:
         traj = await self.server.run_loop(plan.chat, 0, plan.prompt, on_event, sandbox=sandbox)
         put_text(out, reader.finish())
         incomplete = {"max_tokens": "max_output_tokens", "max_turns": "max_turns"}.get(traj.stop_reason)
-        return Result(turn_messages(traj, plan.fmt.eos_text), len(plan.prompt), traj.num_generated_tokens, incomplete,
-                      trajectory_extension(traj))
+        return ResponseRun(turn_messages(traj, plan.fmt.eos_text), len(plan.prompt), traj.num_generated_tokens,
+                           incomplete, trajectory_extension(traj))
 
-    async def run_once(self, plan: Plan, out: Output) -> Result:
+    async def run_once(self, plan: CheckedResponse, out: Output) -> ResponseRun:
         """One generation (client functions, or no tools): its calls are function_call items for the client."""
 
         def on_deltas(deltas: list[Delta]) -> None:
@@ -172,11 +172,11 @@ class Responses:
         extension = {"answer": extract_answer(text, default_extraction(plan.fmt.rules.name)), "stop_reason": finish,
                      "turns": [{"text": text, "finish_reason": gen.finish_reason, "tool_calls": []}],
                      "num_tool_calls": 0}
-        return Result([{"role": "assistant", "content": said, "tool_calls": calls}], n_prompt, n_out,
-                      "max_output_tokens" if finish == "length" else None, extension)
+        return ResponseRun([{"role": "assistant", "content": said, "tool_calls": calls}], n_prompt, n_out,
+                           "max_output_tokens" if finish == "length" else None, extension)
 
     # ------------------------------------------------------------------ the response object
-    def body(self, plan: Plan, out: Output, status: str, result: Result | None = None,
+    def body(self, plan: CheckedResponse, out: Output, status: str, result: ResponseRun | None = None,
              error: OpenAIError | None = None) -> dict[str, Any]:
         req = plan.req
         body: dict[str, Any] = {
@@ -198,7 +198,7 @@ class Responses:
                              "message": error.message}
         return body
 
-    def finished(self, plan: Plan, out: Output, result: Result) -> dict[str, Any]:
+    def finished(self, plan: CheckedResponse, out: Output, result: ResponseRun) -> dict[str, Any]:
         """The final response object, stored when the request asks (store defaults to true)."""
         out.finish(result.incomplete is None)
         body = self.body(plan, out, "incomplete" if result.incomplete else "completed", result)
@@ -209,7 +209,7 @@ class Responses:
         return body
 
     # ------------------------------------------------------------------ streaming
-    async def stream(self, plan: Plan) -> AsyncIterator[str]:
+    async def stream(self, plan: CheckedResponse) -> AsyncIterator[str]:
         """The Responses events: created, in_progress, each item's events as the loop makes them, then completed,
         incomplete or failed. A client that goes away cancels the generation and the sandbox work."""
         m = self.server.metrics
@@ -309,7 +309,7 @@ def turn_messages(traj: Trajectory, eos: str) -> list[dict[str, Any]]:
     return out
 
 
-def usage(fmt: ChatFormat, out: Output, result: Result) -> dict[str, Any]:
+def usage(fmt: ChatFormat, out: Output, result: ResponseRun) -> dict[str, Any]:
     reasoning = sum(len(fmt.encode(i["content"][0]["text"])) for i in out.items if i["type"] == "reasoning")
     return {"input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
             "total_tokens": result.input_tokens + result.output_tokens,
