@@ -21,7 +21,6 @@ from typing import Any
 
 from .. import devices, processes
 from .base import Engine, EngineError, Generation, OnTokens, SamplingParams
-from .vllm_transfer import transfer_config
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +63,11 @@ def _gpu_memory() -> tuple[int, int]:
 def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_gib: float = 2.0,
                 max_num_seqs: int = 64, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                 dtype: str = "auto", seed: int = 0, enforce_eager: bool | None = None,
-                max_num_batched_tokens: int | None = None, weight_transfer: str | None = None,
+                max_num_batched_tokens: int | None = None,
                 gpu_memory_utilization: float | None = None) -> dict[str, Any]:
     """vLLM's engine arguments for this engine on a GPU or on the CPU build (a pure function: what a GPU run gets is
-    tested on a machine without one)."""
+    tested on a machine without one). Nothing of training: the trainable engine adds its worker extension and
+    weight transfer (train/rollout/trainable.py `_engine_args`)."""
     args: dict[str, Any] = dict(
         model=model_path, max_model_len=context_length, max_num_seqs=max_num_seqs, seed=seed,
         tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
@@ -75,12 +75,7 @@ def engine_args(model_path: str, *, on_gpu: bool, context_length: int, kv_cache_
         dtype=dtype if dtype != "auto" or on_gpu else "bfloat16",
         # logprobs of the distribution actually sampled (temperature, top-p), as the hf engine gives
         logprobs_mode="processed_logprobs",
-        worker_extension_cls="rstar2_agent.engines.vllm_worker.WeightSync",
     )
-    # vLLM's own weight transfer (NCCL or CUDA IPC, vllm_transfer.py) when the push uses it; else the chunked push
-    transfer = transfer_config(on_gpu, weight_transfer)
-    if transfer is not None:
-        args["weight_transfer_config"] = transfer
     if on_gpu:
         args["gpu_memory_utilization"] = gpu_memory_utilization or DEFAULT_GPU_SHARE
         # vLLM's own server schedules 8K-16K tokens a step on a GPU; the engine arguments' fallback is 2,048

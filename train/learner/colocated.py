@@ -15,7 +15,7 @@ back while the learner works. One step:
   them back). The weights wake before the push because vLLM loads the new weights into its own parameters; the KV
   cache wakes after it, so the push's transient and the KV cache are never on the GPU together.
 - The push in place: the new weights go to the engine on the same GPU without a host copy (vLLM's CUDA IPC weight
-  transfer: the engine maps the learner's tensors; vllm_transfer.push_in_place, and from FSDP ranks
+  transfer: the engine maps the learner's tensors; push/vllm.py push_in_place, and from FSDP ranks
   ray_group.join_vllm_ipc). vLLM's CPU build has neither sleep mode nor
   CUDA: there the engine stays awake (a warning) and the push takes the CPU path, so the control flow runs and is
   tested on a CPU; what it frees is measured on a GPU only (bench/gpu_check.sh).

@@ -1,4 +1,4 @@
-"""The trainer's side of vLLM 0.32's own weight transfer (the engine's side: rstar2_agent/engines/vllm_transfer.py):
+"""The trainer's side of vLLM 0.32's own weight transfer (the engine's side: vllm_transfer_config.py):
 the source every learner rank iterates, the clients that reach the engines (in this process, or Ray actors), and
 one send that keeps the failure rule of push/__init__.py.
 
@@ -14,7 +14,7 @@ the failure (one all-reduce), rank 0 aborts the transfer on every engine, and al
 The IPC handles: torch's CUDA IPC handle is a tuple holding a tensor class, a `torch.Size`, a storage class and a
 `torch.dtype`, which vLLM's msgpack wire (the engine-core client) refuses; they travel pickled in
 `ipc_handles_pickled`, as vLLM's own HTTP client sends them, and the engine's `rstar2_ipc` backend unpickles that
-field itself (engines/vllm_transfer_nccl.py says why vLLM's VLLM_ALLOW_INSECURE_SERIALIZATION is not used). The
+field itself (vllm_transfer_backends.py says why vLLM's VLLM_ALLOW_INSECURE_SERIALIZATION is not used). The
 IPC push is packed: one reusable buffer of `buffer_mb` per rank (vLLM's packed producer), not a copy of the model.
 """
 

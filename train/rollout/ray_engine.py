@@ -7,7 +7,7 @@ wire. Streaming (`on_tokens`) is delivered once, when the generation ends. Weigh
 `load_weights` takes a state dict or a Ray object reference to one (put the weights once, `ray.put`, and pass
 the reference to every replica, so N replicas cost one copy into the object store, not N); the actors join
 a push group (push/collective.py: `join_weight_group`, then `receive_weights` while the learner broadcasts,
-each bucket loaded before the next arrives); or, vLLM on GPUs, vLLM's own weight transfer (vllm_transfer.py:
+each bucket loaded before the next arrives); or, vLLM on GPUs, vLLM's own weight transfer (push/vllm.py:
 the learner's rank 0 calls `init_weight_transfer`, then per push `start_`, `receive_`, `finish_weight_transfer`).
 
 An actor that dies (its process killed, its node lost) is replaced: the first request to fail with the actor's
@@ -127,7 +127,7 @@ class EngineActor:
         (how many ranks it takes in the transfer group)."""
         return getattr(self.engine, "weight_transfer", None), int(self.options.get("tensor_parallel_size", 1))
 
-    # vLLM's weight transfer (vllm_transfer.RolloutClient calls these from the learner's rank 0)
+    # vLLM's weight transfer (push/vllm.py RolloutClient calls these from the learner's rank 0)
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         await self.engine.init_weight_transfer(init_info)  # type: ignore[union-attr]
 

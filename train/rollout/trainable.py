@@ -1,8 +1,8 @@
 """The rollout engines as training drives them (engines/base.py `TrainableEngine`): the core's vllm and hf engines,
 which only generate, with what an RL run asks beyond that. They sleep while a learner on the same GPU updates,
 score a sequence for the checked push (push_check.py), and load pushed weights: vLLM's in messages of whole layers
-(push/weight_chunks.py, through the worker extension engines/vllm_worker.py) or through vLLM's own weight transfer
-(engines/vllm_transfer.py, driven from the learner's rank 0 by train/push/vllm.py); hf's into its own model (or
+(push/weight_chunks.py, through the worker extension push/vllm_worker_extension.py) or through vLLM's own weight
+transfer (push/vllm_transfer_config.py, driven from the learner's rank 0 by push/vllm.py); hf's into its own model (or
 nothing to load: colocated on the learner's model, see placement.py). `make_trainable_engine` builds one through
 the core's factory, for this process (workers.py) or a Ray actor (ray_engine.py)."""
 
@@ -20,10 +20,12 @@ from rstar2_agent.engines import make_engine
 from rstar2_agent.engines.base import EngineError, TrainableEngine, dtype_name, trainable
 from rstar2_agent.engines.hf import HFEngine
 from rstar2_agent.engines.vllm import VLLMEngine
-from rstar2_agent.engines.vllm_transfer import transfer_config
+from rstar2_agent.train.push.vllm_transfer_config import transfer_config
 from rstar2_agent.train.push.weight_chunks import MESSAGE_LIMIT, chunks, not_loaded, not_loaded_error
 
 log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "rstar2_agent.train.push.vllm_worker_extension.WeightSync"  # imported by path in vLLM's workers
 
 
 def make_trainable_engine(kind: str, model_path: str, *, context_length: int, **options: Any) -> TrainableEngine:
@@ -53,7 +55,8 @@ class TrainableVLLMEngine(VLLMEngine, TrainableEngine):
         self.sleep_mode = bool(self._asked["sleep_mode"]) and on_gpu
         if self.sleep_mode:
             args["enable_sleep_mode"] = True
-        transfer = transfer_config(on_gpu, self._asked["weight_transfer"])  # as engines/vllm.py engine_args
+        args["worker_extension_cls"] = WORKER_EXTENSION  # the chunked push's receiving side, in every worker
+        transfer = transfer_config(on_gpu, self._asked["weight_transfer"])  # vLLM's own transfer, when the push uses it
         if transfer is not None:
             args["weight_transfer_config"] = transfer
         self.weight_transfer = self._asked["weight_transfer"] if transfer is not None else None
@@ -175,7 +178,7 @@ class TrainableVLLMEngine(VLLMEngine, TrainableEngine):
             seen.add(ptr)
         return save(out)
 
-    # ---- vLLM's own weight transfer (GPU): the learner's rank 0 drives these through vllm_transfer.RolloutClient
+    # ---- vLLM's own weight transfer (GPU): the learner's rank 0 drives these through push/vllm.py RolloutClient
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 

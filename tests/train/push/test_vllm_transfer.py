@@ -1,6 +1,6 @@
-"""The push through vLLM's own weight transfer (engines/vllm_transfer.py), as far as a CPU can build it: NCCL, and
-so vLLM's transfer engines' receive and the trainer's broadcast, run only on GPUs (the GPU path's first push is
-their test). Here: the engine config that turns it on, the backend vLLM's factory resolves, the source vLLM's
+"""The push through vLLM's own weight transfer (train/push/vllm_transfer_config.py), as far as a CPU can build it:
+NCCL, and so vLLM's transfer engines' receive and the trainer's broadcast, run only on GPUs (the GPU path's first
+push is their test). Here: the engine config that turns it on, the backend vLLM's factory resolves, the source vLLM's
 trainer engine checks element by element against what it declared, and the rank offsets of several engines."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rstar2_agent.engines.vllm_transfer import BACKEND, IPC_BACKEND, register, transfer_config
 from rstar2_agent.train.push.vllm import RolloutClient, source
+from rstar2_agent.train.push.vllm_transfer_config import BACKEND, IPC_BACKEND, register, transfer_config
 
 
 def test_vllms_transfer_is_what_the_push_chose_and_needs_a_gpu():
@@ -27,7 +27,8 @@ def test_vllms_transfer_is_what_the_push_chose_and_needs_a_gpu():
 
 def test_vllm_takes_the_transfer_config_and_resolves_the_backend(smol):
     """vLLM's engine arguments take the config as the engine passes it, and its factory (in a worker: after
-    vllm_worker.py's import registered it) resolves the backend to vLLM's NCCL engine that keeps loaded names."""
+    vllm_worker_extension.py's import registered it) resolves the backend to vLLM's NCCL engine that keeps loaded
+    names."""
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.distributed.weight_transfer import WeightTransferEngineFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -36,7 +37,7 @@ def test_vllm_takes_the_transfer_config_and_resolves_the_backend(smol):
     args = AsyncEngineArgs(model=smol.path, weight_transfer_config=transfer_config(True, "nccl"))
     assert isinstance(args.weight_transfer_config, WeightTransferConfig)
     assert args.weight_transfer_config.backend == BACKEND
-    import rstar2_agent.engines.vllm_worker  # noqa: F401 - what a vLLM worker imports: it registers the backend
+    import rstar2_agent.train.push.vllm_worker_extension  # noqa: F401 - what a vLLM worker imports: it registers the backend
 
     register()  # twice is harmless
     engine_cls = WeightTransferEngineFactory._registry[BACKEND]()
@@ -88,7 +89,7 @@ def test_the_backend_keeps_the_names_its_model_loaded_with_a_fake_broadcast(monk
     from vllm.distributed.weight_transfer import nccl_engine
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
-    from rstar2_agent.engines.vllm_transfer_nccl import CheckedNCCLEngine
+    from rstar2_agent.train.push.vllm_transfer_backends import CheckedNCCLEngine
 
     class Model(torch.nn.Module):
         def load_weights(self, weights):
@@ -114,24 +115,56 @@ def test_the_backend_keeps_the_names_its_model_loaded_with_a_fake_broadcast(monk
 
 def test_the_engine_arguments_on_a_gpu_and_on_the_cpu_build_without_a_gpu(smol):
     """What a GPU run hands vLLM, built here without one: vLLM's own server's step budget (8,192 tokens, not the
-    engine arguments' 2,048 fallback) and chunked prefill left on, the share of the device, the weight transfer; on
-    the CPU build a capped KV cache and every prefill in one step. vLLM's pinned AsyncEngineArgs takes both sets."""
+    engine arguments' 2,048 fallback) and chunked prefill left on, the share of the device; on the CPU build a capped
+    KV cache and every prefill in one step. The core's engine names nothing of training; the trainable engine adds
+    the worker extension and the weight transfer (`_engine_args`). vLLM's pinned AsyncEngineArgs takes every set."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from rstar2_agent.engines.vllm import DEFAULT_GPU_SHARE, GPU_BATCHED_TOKENS, engine_args
+    from rstar2_agent.train.rollout.trainable import WORKER_EXTENSION, TrainableVLLMEngine
 
-    gpu = engine_args(str(smol), on_gpu=True, context_length=12288, weight_transfer="nccl")
+    def trainable(args, on_gpu, weight_transfer):
+        engine = object.__new__(TrainableVLLMEngine)  # the hook alone: no engine is started
+        engine._asked = {"weight_transfer": weight_transfer, "sleep_mode": False}
+        return engine._engine_args(dict(args), on_gpu)
+
+    gpu = engine_args(str(smol), on_gpu=True, context_length=12288)
     assert gpu["max_num_batched_tokens"] == GPU_BATCHED_TOKENS == 8192 and "enable_chunked_prefill" not in gpu
     assert gpu["gpu_memory_utilization"] == DEFAULT_GPU_SHARE and "kv_cache_memory_bytes" not in gpu
-    assert gpu["weight_transfer_config"] == {"backend": BACKEND} and gpu["enforce_eager"] is False
-    assert gpu["dtype"] == "auto"  # the model's own (bf16 for Qwen3)
+    assert gpu["enforce_eager"] is False and gpu["dtype"] == "auto"  # the model's own (bf16 for Qwen3)
+    assert "worker_extension_cls" not in gpu and "weight_transfer_config" not in gpu  # serve's and eval's engine
+    pushed = trainable(gpu, True, "nccl")
+    assert pushed["weight_transfer_config"] == {"backend": BACKEND}
+    assert pushed["worker_extension_cls"] == WORKER_EXTENSION
     mine = engine_args(str(smol), on_gpu=True, context_length=12288, max_num_batched_tokens=16384,
-                       gpu_memory_utilization=0.5, weight_transfer=None)
+                       gpu_memory_utilization=0.5)
     assert mine["max_num_batched_tokens"] == 16384 and mine["gpu_memory_utilization"] == 0.5
-    assert "weight_transfer_config" not in mine
+    assert "weight_transfer_config" not in trainable(mine, True, None)
     cpu = engine_args(str(smol), on_gpu=False, context_length=4096, kv_cache_gib=1.5)
     assert cpu["max_num_batched_tokens"] == 4096 and cpu["enable_chunked_prefill"] is False
     assert cpu["kv_cache_memory_bytes"] == int(1.5 * 2**30) and cpu["dtype"] == "bfloat16"
     assert "weight_transfer_config" not in cpu and "gpu_memory_utilization" not in cpu
-    for args in (gpu, mine, cpu):
+    chunked = trainable(cpu, False, None)  # the chunked push: the worker extension, no transfer of vLLM's
+    assert chunked["worker_extension_cls"] == WORKER_EXTENSION and "weight_transfer_config" not in chunked
+    for args in (gpu, pushed, mine, cpu, chunked):
         AsyncEngineArgs(**args)  # every name is one vLLM 0.32 knows
+
+
+def test_a_vllm_worker_imports_the_worker_extension_and_nothing_else_of_training():
+    """vLLM imports the worker extension by its path in every worker (which runs train/__init__.py and
+    train/push/__init__.py): that brings the push's config types and the backends' registration, not the learner,
+    the rollouts, Ray or the trainer's side of the push."""
+    import json
+    import subprocess
+    import sys
+
+    from rstar2_agent.train.rollout.trainable import WORKER_EXTENSION
+
+    module, _, cls = WORKER_EXTENSION.rpartition(".")
+    code = (f"import sys, importlib; getattr(importlib.import_module({module!r}), {cls!r}); "
+            "import json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('rstar2_agent.train') "
+            "or m == 'ray')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == sorted(["rstar2_agent.train", "rstar2_agent.train.config", "rstar2_agent.train.push",
+                                "rstar2_agent.train.push.error", "rstar2_agent.train.push.vllm_transfer_config",
+                                module])

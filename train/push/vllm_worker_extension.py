@@ -1,19 +1,21 @@
-"""Mixed into vLLM's workers (AsyncEngineArgs(worker_extension_cls=...)) so the trainer can push weights where the
-engine has no weight transfer of its own (vLLM's CPU build): collective_rpc arguments go through msgpack, where
-nested tensors arrive as lists, so each message is one safetensors blob of whole layers (train/push/weight_chunks.py).
+"""The worker extension `WeightSync`, which a rollout engine mixes into vLLM's workers (`worker_extension_cls`, set by
+the trainable engine: train/rollout/trainable.py) so the trainer can push weights where the engine has no weight
+transfer of its own (vLLM's CPU build): collective_rpc arguments go through msgpack, where nested tensors arrive as
+lists, so each message is one safetensors blob of whole layers (weight_chunks.py). vLLM imports this module in every
+worker: it imports nothing of the wing beyond vllm_transfer_config.py (the package's __init__ only its config types).
 
 A push is one layerwise-reload session, the lifecycle of vLLM's own weight transfer engines (its NCCL engine's
 start_weight_update, update_weights, finish_weight_update): `begin_weight_push`, then `load_weight_chunk` per
 message, then `end_weight_push`, which processes what is left and puts the old values back for any module that
 received nothing. Each chunk returns the names vLLM's `load_weights` reports loaded, which the push checks.
 
-On a GPU the engine has vLLM's own weight transfer instead (vllm_transfer.py): importing this module (which vLLM
+On a GPU the engine has vLLM's own weight transfer instead (vllm_transfer_config.py): importing this module (which vLLM
 does in each worker before it creates its transfer engine) registers that backend.
 """
 
 from __future__ import annotations
 
-from .vllm_transfer import install_substitute, register
+from .vllm_transfer_config import install_substitute, register
 
 register()
 install_substitute()  # tests and benchmarks only: a CPU stand-in for CUDA IPC, when the engine's environment names one

@@ -11,14 +11,15 @@ a collective); only rank 0 sends.
 
 What this module adds to vLLM's: the backend `rstar2_nccl`, vLLM's NCCL engine that also keeps the names its
 model's `load_weights` reports loaded (vLLM drops them), so the push checks them as the fallback does
-(train's weight_chunks.not_loaded); a source that sends in the engine's dtype (bf16, half the learner's fp32) and keeps
+(weight_chunks.not_loaded); a source that sends in the engine's dtype (bf16, half the learner's fp32) and keeps
 a CPU copy for a replacement worker; and a client over several independent rollout engines, each given its own
 rank offset in the one group (vLLM's trainer engine gives every engine offset 1, for one engine).
 
-Only a GPU build runs this (NCCL, CUDA IPC); on CPU the push is chunked (vllm_worker.py), and the IPC transfer
+Only a GPU build runs this (NCCL, CUDA IPC); on CPU the push is chunked (vllm_worker_extension.py), and the IPC transfer
 runs on CPU under a named stand-in for CUDA IPC (SUBSTITUTE_ENV) for tests and benchmarks. Registering the backend
 imports nothing of NCCL (the factory loads the class when a worker creates its engine). The trainer's side (the
-source, the clients, the push) is the training wing's (train/push/vllm.py).
+source, the clients, the push) is vllm.py beside this; the trainable engine (train/rollout/trainable.py) puts
+`transfer_config` in its engine's arguments.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ BACKENDS = {BACKEND: "CheckedNCCLEngine", IPC_BACKEND: "CheckedIPCEngine"}
 
 def register() -> None:
     """Make `rstar2_nccl` and `rstar2_ipc` known to vLLM's factory in this process (a vLLM worker imports
-    vllm_worker.py, which calls this, before it creates its weight transfer engine)."""
+    vllm_worker_extension.py, which calls this, before it creates its weight transfer engine)."""
     from vllm.distributed.weight_transfer import WeightTransferEngineFactory
 
     for name, cls in BACKENDS.items():
         if name not in WeightTransferEngineFactory._registry:
-            WeightTransferEngineFactory.register_engine(name, "rstar2_agent.engines.vllm_transfer_nccl", cls)
+            WeightTransferEngineFactory.register_engine(name, "rstar2_agent.train.push.vllm_transfer_backends", cls)
 
 
 TRANSFERS = ("nccl", "ipc")  # the engine's `weight_transfer`: which of vLLM's transfers its workers hold (or None)
@@ -49,7 +50,7 @@ SUBSTITUTE_ENV = "RSTAR2_CUDA_IPC_SUBSTITUTE"
 def transfer_config(on_gpu: bool, weight_transfer: str | None) -> dict[str, str] | None:
     """The engine's `weight_transfer_config`: vLLM's NCCL transfer (`nccl`: a learner on other GPUs), its CUDA IPC
     transfer (`ipc`: a learner on the same GPU, the colocated placement: NCCL cannot join two ranks on one GPU), or
-    none (None: the chunked push of vllm_worker.py). The training wing's weight push chooses (train/push)."""
+    none (None: the chunked push of vllm_worker_extension.py). The weight push chooses (push/__init__.py)."""
     if weight_transfer is None:
         return None
     if weight_transfer not in TRANSFERS:

@@ -1,4 +1,4 @@
-"""The `rstar2_nccl` and `rstar2_ipc` weight transfer backends (see vllm_transfer.py): vLLM's NCCL and CUDA IPC
+"""The `rstar2_nccl` and `rstar2_ipc` weight transfer backends (see vllm_transfer_config.py): vLLM's NCCL and CUDA IPC
 engines, which load what they receive with the model's `load_weights` and drop what that returns, here keeping the
 names loaded during a push for the push's check. Imported in a vLLM worker by vLLM's factory when the worker
 creates its engine (GPU only)."""
