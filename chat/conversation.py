@@ -15,6 +15,7 @@ from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.engines import Engine
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.engines.spec import EngineSpec
+from rstar2_agent.repetition import RepetitionStop
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.trajectory import Trajectory
 
@@ -23,12 +24,13 @@ from rstar2_agent.trajectory import Trajectory
 class ChatOptions(EngineSpec):
     temperature: float = 0.6
     max_turns: int = 10
+    repetition: RepetitionStop | None = field(default_factory=RepetitionStop)  # None: no repetition stop
 
 
 async def answer(engine: Engine, sandbox: Sandbox, fmt: ChatFormat, prompt_ids: list[int], opts: ChatOptions,
                  renderer: OnEvent | None) -> Trajectory:
     """One answer to a prompt already rendered (`prompt_ids`), with the chat's sampling and budgets."""
-    cfg = AgentConfig(max_turns=opts.max_turns, max_response_tokens=opts.max_tokens,
+    cfg = AgentConfig(max_turns=opts.max_turns, max_response_tokens=opts.max_tokens, repetition=opts.repetition,
                       sampling=SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens))
     return await run_agent("", engine, sandbox, fmt, cfg, on_event=renderer, prompt_ids=prompt_ids)
 

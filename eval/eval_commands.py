@@ -144,7 +144,11 @@ def run_cmd(benchmarks, **o) -> None:
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     unknown = [b for b in names if b not in BENCHMARKS]
     if unknown:
-        raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; "
+        import difflib
+
+        close = [m for b in unknown for m in difflib.get_close_matches(b.lower(), list(BENCHMARKS), n=2, cutoff=0.6)]
+        hint = f"did you mean {' or '.join(close)} (`rstar2 eval {close[0]}`)? " if close else ""
+        raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; {hint}"
                                f"choose from {', '.join(BENCHMARKS)}")
     source, cfg = source_and_config(o)
 

@@ -94,6 +94,7 @@ async def evaluate(bench_names: list[str], source: ModelSource, cfg: EvalConfig,
         elif engine is None:
             engine, fmt = build_engines(source, cfg, benches, console)
             cfg.format = fmt.rules.name
+            await engine.probe()  # a --url that nothing answers fails now, once, not once per sample after retries
         else:
             fmt = replace(source, format=cfg.format or None).chat_format(engine, resolve_model(source.model))
             cfg.format = fmt.rules.name

@@ -27,6 +27,7 @@ from .chat_format import (
 )
 from .engines.base import Engine, EngineError, SamplingParams, call_seed
 from .engines.trajectory_scope import one_trajectory
+from .repetition import RepetitionStop, generate_watched
 from .sandbox import release_tool
 from .sandbox.release_tool import RELEASE_TOOL
 from .sandbox.tools import STATELESS_TOOL
@@ -42,6 +43,9 @@ class AgentConfig:
     max_calls_per_turn: int | None = None  # None: the format's (hermes 8; markdown and the release 1)
     tool_timeout: float = 10.0
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # end a turn that loops with the stop reason `repetition` (repetition.py); None: off (eval and RL measure the
+    # model as it is), chat and serve turn it on
+    repetition: RepetitionStop | None = None
 
 
 # A stop string that may end a generation without a call (a markdown fence that closes no python block)
@@ -52,8 +56,8 @@ MAX_RESUMES = 16
 # (name, arguments) -> the text the model is shown.
 Execute = Callable[[str, dict[str, Any]], Awaitable[str]]
 
-# Events for live display (rstar2 chat, streaming serve): ("text", str), ("tool_call", ToolCallRecord),
-# ("tool_result", ToolCallRecord), ("turn_end", Turn).
+# Events for live display (rstar2 chat, streaming serve): ("text", str), ("tokens", int: how many were generated
+# just now), ("tool_call", ToolCallRecord), ("tool_result", ToolCallRecord), ("turn_end", Turn).
 OnEvent = Callable[[str, Any], None]
 
 
@@ -78,7 +82,7 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
             traj.stop_reason = "max_tokens"
             break
         t0 = time.monotonic()
-        decoder = StreamDecoder(fmt, emit) if on_event else None
+        decoder = StreamDecoder(fmt, emit, counts=True) if on_event else None
         turn_ids: list[int] = []
         turn_logprobs: list[float] = []
         resumes = 0
@@ -89,8 +93,8 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
                     turn_ids)), stop=turn_stops, stop_token_ids=[*cfg.sampling.stop_token_ids, *fmt.stop_token_ids],
                     seed=call_seed(cfg.sampling.seed, calls_made))
                 calls_made += 1
-                gen = await engine.generate(traj.prompt_ids + traj.response_ids + turn_ids, sampling,
-                                            on_tokens=decoder.feed if decoder else None)
+                gen = await generate_watched(engine, traj.prompt_ids + traj.response_ids + turn_ids, sampling,
+                                             decoder.feed if decoder else None, cfg.repetition, turn_ids)
                 turn_ids += gen.token_ids
                 turn_logprobs += gen.logprobs
                 text = fmt.decode(turn_ids)
@@ -112,7 +116,10 @@ async def run_agent(prompt: str | list[dict[str, Any]], engine: Engine, sandbox:
         traj.turns.append(turn)
         traj.add_generated(turn_ids, turn_logprobs)
         traj.stop_reason = stop_after_turn(text, bool(calls), gen.finish_reason == "length")
-        if not traj.stop_reason and turn_index == cfg.max_turns - 1:
+        if gen.finish_reason == "repetition":  # its calls, if any, are recorded, not run (as at the turn cap)
+            turn.tool_calls = [not_run(c, turn_index) for c in calls]
+            traj.stop_reason = "repetition"
+        elif not traj.stop_reason and turn_index == cfg.max_turns - 1:
             # the turn cap: the last turn's calls are recorded, not run (as the release's loop stops before them)
             turn.tool_calls = [not_run(c, turn_index) for c in calls]
             traj.stop_reason = "max_turns"
@@ -208,12 +215,14 @@ class StreamDecoder:
     """Turns streamed token ids into text deltas, incrementally (as vLLM's detokenizer does): decode a short
     window and emit what it adds, waiting while a multi-byte character is incomplete."""
 
-    def __init__(self, fmt: ChatFormat, emit: OnEvent):
-        self.fmt, self.emit = fmt, emit
+    def __init__(self, fmt: ChatFormat, emit: OnEvent, counts: bool = False):
+        self.fmt, self.emit, self.counts = fmt, emit, counts  # counts: emit ("tokens", n) as well
         self.ids: list[int] = []
         self.prefix = self.read = 0
 
     def feed(self, new_ids: list[int], logprobs: list[float] | None = None) -> None:
+        if self.counts:
+            self.emit("tokens", len(new_ids))
         self.ids += new_ids
         before = self.fmt.decode(self.ids[self.prefix:self.read])
         after = self.fmt.decode(self.ids[self.prefix:])

@@ -8,7 +8,7 @@ import click
 
 from . import __version__
 from .chat_format import FORMATS
-from .cli_options import engine_option
+from .cli_options import engine_option, repetition_option
 from .logs import setup_logging
 from .processes import end_on_sigterm
 from .sandbox.sandbox_commands import sandbox_group
@@ -108,15 +108,17 @@ def models_make_cmd(name: str) -> None:
 @click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
 @click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
 @click.option("--max-turns", type=click.IntRange(1), default=10, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=4096, show_default=True,
-              help="Response budget per answer (generated and tool tokens).")
+@click.option("--max-tokens", type=click.IntRange(1), default=None,
+              help="Response budget per answer (generated and tool tokens). Default: the model's: 1024 for the "
+              "135M models (smollm2-agent, smollm2-135m: a tiny model on a CPU), 4096 for the others.")
+@repetition_option
 @click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="Default: the model's (registry).")
 @click.option("-p", "--prompt", "question", default=None, help="Answer this once and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With -p: print the trajectory as JSON.")
 @click.option("--sandbox-url", "sandbox_urls", multiple=True, help="Use `rstar2 sandbox serve` servers.")
 @click.option("--unsafe-no-isolation", "unsafe", is_flag=True, help="Run tool code without bubblewrap.")
-def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, max_tokens, format_name,
+def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, max_tokens, repetition, format_name,
              question, as_json, sandbox_urls, unsafe) -> None:
     """Chat with the agent in the terminal."""
     import asyncio
@@ -126,16 +128,18 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
     from .chat.conversation import ChatOptions
     from .chat.terminal import chat_loop, chat_once
     from .engines import EngineError
-    from .models import DEFAULT_AGENT, ModelError
+    from .models import DEFAULT_AGENT, ModelError, chat_budget, resolve_model
     from .sandbox import SandboxConfig, SandboxError, make_sandbox
 
     model = model or (None if url else DEFAULT_AGENT)  # the project's agent, made on first use
     opts = ChatOptions(model=model, engine=engine, urls=(url,) if url else (), served_model=served_model,
-                       api_key=api_key, temperature=temperature, max_turns=max_turns, max_tokens=max_tokens,
-                       format=format_name)
+                       api_key=api_key, temperature=temperature, max_turns=max_turns,
+                       max_tokens=max_tokens or chat_budget(model), repetition=repetition, format=format_name)
     sandbox = make_sandbox(list(sandbox_urls), config=SandboxConfig(workers=1, isolation=not unsafe))
     console = Console(stderr=as_json)
     try:
+        # the model first, outside the event loop: its one-time preparation (a conversion) stops at Ctrl-C
+        resolve_model(model)
         if question is not None:
             raise SystemExit(asyncio.run(chat_once(question, opts, sandbox, as_json, console)))
         asyncio.run(chat_loop(opts, sandbox, console))

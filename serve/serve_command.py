@@ -8,7 +8,7 @@ import os
 import click
 
 from rstar2_agent.chat_format import FORMATS
-from rstar2_agent.cli_options import engine_option, replica_options
+from rstar2_agent.cli_options import engine_option, repetition_option, replica_options
 
 
 @click.group("serve", invoke_without_command=True)
@@ -57,6 +57,7 @@ from rstar2_agent.cli_options import engine_option, replica_options
 @click.option("--stall-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Abort a request that gets no new token for this many seconds (an error to its client, counted "
               "in /metrics; /health answers 503 while the engine makes no progress). 0: never.")
+@repetition_option
 @click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="For the server-side tool loop; default: the model's.")
 @click.option("--raw-reasoning", is_flag=True, help="Keep the model's reasoning in `content` as it wrote it (no "
@@ -77,7 +78,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
               public_health, public_metrics, sandbox_urls, sandbox_workers, max_concurrency,
               max_concurrency_per_client, tool_seconds_per_client, max_body_mb, header_timeout, body_timeout,
               max_connections_per_client, forwarded_allow_ips, max_turns, max_tokens, tool_timeout, max_tool_timeout,
-              stall_timeout, format_name, raw_reasoning, forced_call_text_tokens, max_containers,
+              stall_timeout, repetition, format_name, raw_reasoning, forced_call_text_tokens, max_containers,
               container_idle_timeout, max_stored_responses, max_stored_mb, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
@@ -95,6 +96,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     from .server import ServeConfig, Server
 
     model = model or (None if urls else DEFAULT_AGENT)  # the project's agent, made on first use
+    check_port(host, port)  # before the model loads: a port already taken is said at once
     try:
         resolved = resolve_model(model)
     except ModelError as e:
@@ -118,7 +120,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
                       tool_seconds_per_client=tool_seconds_per_client, max_body_mb=max_body_mb,
                       header_timeout=header_timeout, body_timeout=body_timeout,
                       max_connections_per_client=max_connections_per_client,
-                      forwarded_allow_ips=forwarded_allow_ips)
+                      forwarded_allow_ips=forwarded_allow_ips, repetition=repetition)
 
     async def main() -> None:  # the engine is built inside the loop the server runs on (vLLM binds to it)
         try:
@@ -133,3 +135,19 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     asyncio.run(main())
 
 
+def check_port(host: str, port: int) -> None:
+    """Fail, saying what to do, where `host:port` cannot be listened on (uvicorn would find out only after the
+    model has loaded, and end with a line of its log)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+            s.bind((host, port))
+    except OSError as e:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        raise click.ClickException(f"cannot listen on {host}:{port} ({e.strerror or e}): another server (an "
+                                   f"earlier `rstar2 serve`?) holds it; stop it, or pick another port: --port {free}"
+                                   ) from None

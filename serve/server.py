@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -20,6 +20,7 @@ from fastapi import Request
 from rstar2_agent.agent import AgentConfig, StreamDecoder, run_agent
 from rstar2_agent.chat_format import FORMATS, ChatFormat, HermesFormat
 from rstar2_agent.engines.base import Engine, EngineError, SamplingParams
+from rstar2_agent.repetition import RepetitionStop, generate_watched
 from rstar2_agent.sandbox import Sandbox
 from rstar2_agent.sandbox.types import ExecResult, Status
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory
@@ -77,6 +78,9 @@ class ServeConfig:
     max_stored_mb: float = 256.0  # and at most this many megabytes of them (their JSON)
     max_containers: int = 16  # /v1/responses code_interpreter containers open at once (a sandbox session each)
     container_idle_timeout: float = 1200.0  # seconds an unused container lives (OpenAI's containers: 20 minutes)
+    # a generation that loops ends with the stop reason `repetition` (repetition.py), finish_reason "length" (None:
+    # off, as vLLM's server by default)
+    repetition: RepetitionStop | None = field(default_factory=RepetitionStop)
 
 
 class Server:
@@ -179,7 +183,7 @@ class Server:
         budget = req.budget() or self.cfg.max_tokens
         return AgentConfig(max_turns=req.max_turns or self.cfg.max_turns, max_response_tokens=budget,
                            tool_timeout=req.tool_timeout or self.cfg.tool_timeout,
-                           max_calls_per_turn=None if req.parallel_tool_calls else 1,
+                           max_calls_per_turn=None if req.parallel_tool_calls else 1, repetition=self.cfg.repetition,
                            sampling=self.sampling(req, index, budget))
 
     async def run_loop(self, req: ChatRequest, index: int, prompt: list[int], on_event=None,
@@ -240,7 +244,8 @@ class Server:
                                                  engine.context_length - len(prompt)),
                                  stop_token_ids=fmt.stop_token_ids, constraint=constraint)
         async with self.gate:  # a generation holds its slot only while the engine works on it: no per-client share
-            gen = await engine.generate(prompt, sampling, decoder.feed if decoder else None)
+            gen = await generate_watched(engine, prompt, sampling, decoder.feed if decoder else None,
+                                         self.cfg.repetition)
         if decoder is not None:
             decoder.flush()
         else:
@@ -249,7 +254,7 @@ class Server:
         self.metrics.tokens.labels("prompt").inc(len(prompt))
         self.metrics.tokens.labels("completion").inc(len(gen.token_ids))
         reply = reply_of(deltas)
-        finish = "length" if gen.finish_reason == "length" else "tool_calls" if reply.calls else "stop"
+        finish = "length" if gen.finish_reason in ("length", "repetition") else "tool_calls" if reply.calls else "stop"
         return reply_message(reply, self.splits(req)), finish, len(prompt), len(gen.token_ids), gen
 
 
@@ -340,7 +345,10 @@ def tool_call_dict(c: ToolCallRecord) -> dict[str, Any]:
 
 
 def finish_of(traj: Trajectory) -> str:
-    return "length" if traj.stop_reason in ("max_tokens", "max_turns") else "stop"
+    """A choice's finish_reason: "length" where the loop was cut short (a budget, the turn cap, a repetition stop:
+    OpenAI has no finish reason for a loop, and vLLM's own "repetition" is not one clients know; `rstar2.stop_reason`
+    says which), else "stop"."""
+    return "length" if traj.stop_reason in ("max_tokens", "max_turns", "repetition") else "stop"
 
 
 def sse(obj: Any) -> str:

@@ -8,7 +8,9 @@ status 3), so a test can kill it in that window (conftest.run_until_paused). Poi
 - in-update: in the update's thread, before its first micro-batch (a long update; the update's `stop` event ends
   the pause, as it ends an update);
 - stored: the step's rollouts are in the store, its metrics are not (`Store.add_metrics` about to run);
-- recorded: the step's metrics are in the store, its checkpoint is not saved (`Store.add_metrics` returned).
+- recorded: the step's metrics are in the store, its checkpoint is not saved (`Store.add_metrics` returned);
+- convert: the embedded model's one-time conversion has written part of its folder (a config.json, no weights;
+  `models.convert_gguf` stands in for the conversion: STEP is ignored).
 """
 
 from __future__ import annotations
@@ -70,8 +72,16 @@ def install(point: str, step: int) -> None:
                 pause()
 
         Store.add_metrics = add_metrics
+    elif point == "convert":
+        from rstar2_agent import models
+
+        def convert_gguf(gguf_dir, filename, out):
+            (out / "config.json").write_text("{}")  # what a conversion cut short would leave
+            pause()
+
+        models.convert_gguf = convert_gguf
     else:
-        raise SystemExit(f"{ENV}: unknown point {point!r} (rollout, in-update, stored, recorded)")
+        raise SystemExit(f"{ENV}: unknown point {point!r} (rollout, in-update, stored, recorded, convert)")
 
 
 if __name__ == "__main__":

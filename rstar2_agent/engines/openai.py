@@ -47,7 +47,8 @@ class OpenAIEngine(Engine):
             resp.raise_for_status()
             models = resp.json().get("data", [])
         except (httpx.HTTPError, ValueError) as e:
-            raise EngineError(f"the server at {self.base} did not answer /models ({e}); is it running?") from e
+            raise EngineError(f"the server at {self.base} did not answer /models ({type(e).__name__}: {e}); is it "
+                              "running? Start it (`rstar2 serve`, `vllm serve MODEL`) or fix the URL (--url)") from e
         self._probed = True
         card = next((m for m in models if m.get("id") == self.served_model), models[0] if models else {})
         self.served_model = self.served_model or card.get("id")
