@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-STOP_REASONS = ("answer", "no_tool_call", "max_turns", "max_tokens", "engine_error")
+STOP_REASONS = ("answer", "no_tool_call", "max_turns", "max_tokens", "repetition", "engine_error")
 
 
 @dataclass
