@@ -153,6 +153,9 @@ def results_table(results: list[BenchResult], title: str) -> Table:
         table.add_column(col, justify="left" if col == "benchmark" else "right")
     stops = []
     for r in results:
+        if receipt := (r.run.config or {}).get("checker"):  # the benchmark's Benchmark.checker, as the run stored it
+            stops.append(f"{r.run.benchmark}: checker {receipt.get('checker')}; against {receipt.get('official')}: "
+                         f"{receipt.get('conformance')}")
         s = r.summary
         if not s.get("samples"):
             table.add_row(r.run.benchmark, "0", *[""] * 7, str(r.errors))

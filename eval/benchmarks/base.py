@@ -81,13 +81,17 @@ class Benchmark:
     name: str = ""
     source: BenchmarkSource | None = None  # where its rows come from (rstar2_agent.benchmark_data)
     defaults: RunDefaults = PAPER  # n, sampling and budgets unless flags say otherwise; each benchmark sets its own
+    # The receipt of a checker compared with its official implementation (`rstar2 bench conformance`): what it is,
+    # the official code and versions, the agreement. Stored with the run's settings: a run graded by another
+    # checker is another run.
+    checker: dict[str, str] | None = None
 
     def problem(self, row: dict[str, Any], index: int) -> Problem:
         raise NotImplementedError
 
     def settings(self) -> dict[str, Any]:
-        """Settings of the benchmark's own that its results depend on (a judge), stored with the run's."""
-        return {}
+        """Settings of the benchmark's own that its results depend on (a judge, the checker), stored with the run's."""
+        return {"checker": self.checker} if self.checker else {}
 
     async def close(self) -> None:
         """Release what the benchmark opened for a run (a judge's client)."""

@@ -97,7 +97,7 @@ class ArenaHard(Benchmark):
         self._client = None
 
     def settings(self) -> dict[str, Any]:
-        return {"judge": self.judge.label(), "baseline": BASELINE}
+        return super().settings() | {"judge": self.judge.label(), "baseline": BASELINE}
 
     def load(self, data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[Problem]:
         answers = {_uid(r): baseline_answer(r) for r in _rows(ANSWERS, data_dir)}

@@ -26,6 +26,9 @@ SOURCE = BenchmarkSource("ifeval", "google/IFEval", "train", "ifeval.jsonl",
 
 class IFEval(Benchmark):
     name = "ifeval"
+    checker = {"checker": "Google's instruction checks (if-verifiable 0.1.2)", "official": "lm-eval 0.4.13",
+               "conformance": "4,995/5,000 prompts; 5 a letter_frequency letter Google's code draws at random "
+                              "(rstar2 bench conformance, seed 0)"}
     source = SOURCE
     # One greedy sample, no tool (the paper: T 0). Neither the paper nor IFEval gives a response budget: ours, as for
     # BFCL v3 and Arena-Hard (base.py REASONING_BUDGET; lm-eval's IFEval task allows 1280, for a model that does not
