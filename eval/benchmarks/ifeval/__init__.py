@@ -27,7 +27,7 @@ SOURCE = BenchmarkSource("ifeval", "google/IFEval", "train", "ifeval.jsonl",
 class IFEval(Benchmark):
     name = "ifeval"
     checker = {"checker": "Google's instruction checks (if-verifiable 0.1.2)", "official": "lm-eval 0.4.13",
-               "conformance": "4,995/5,000 prompts; 5 a letter_frequency letter Google's code draws at random "
+               "conformance": "4,990-4,995/5,000 prompts; the rest a letter Google's code draws at random "
                               "(rstar2 bench conformance, seed 0)"}
     source = SOURCE
     # One greedy sample, no tool (the paper: T 0). Neither the paper nor IFEval gives a response budget: ours, as for
