@@ -71,7 +71,12 @@ async def test_a_prompt_longer_than_the_context_ends_with_max_tokens(engine, san
     assert traj.stop_reason == "max_tokens" and traj.response_ids == []
 
 
-async def test_hf_engine_loads_new_weights(engine):
+async def test_trainable_hf_engine_loads_new_weights(tiny_smollm2):
+    """The trainable hf engine (training's, train/rollout/trainable.py) on the 2-layer SmolLM2: new weights change
+    what it generates, the old ones bring it back."""
+    from rstar2_agent.train.rollout.trainable import TrainableHFEngine
+
+    engine = TrainableHFEngine(tiny_smollm2, context_length=2048)
     ids = engine.tokenizer.encode("The capital of France is")
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     before = await engine.generate(ids, greedy)
@@ -80,6 +85,7 @@ async def test_hf_engine_loads_new_weights(engine):
     changed = await engine.generate(ids, greedy)
     await engine.load_weights(original)
     restored = await engine.generate(ids, greedy)
+    await engine.close()
     assert changed.token_ids != before.token_ids and restored.token_ids == before.token_ids
 
 
