@@ -18,6 +18,7 @@ SMALL = {"data": ["synthetic:2:0"], "epochs": 1, "seq_len": 1024}  # one step
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("sft-checkpoint")  # an SFT of SmolLM2: never beside the shared one (memory)
 def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_path, monkeypatch, smol):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "smollm2-135m").symlink_to(smol.path)  # the converted base, shared

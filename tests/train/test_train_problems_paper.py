@@ -39,8 +39,8 @@ class Verifier(Engine):
 
     async def generate(self, prompt_ids, sampling, on_tokens=None):
         prompt = self.tokenizer.decode(prompt_ids)
-        problem = next(p for p in read_problems(self.aops) if p.problem in prompt)
-        self.calls[problem.problem] += 1
+        problem = next(p for p in read_problems(self.aops) if p.text in prompt)
+        self.calls[problem.text] += 1
         label = int(problem.answer)
         ids = self.tokenizer.encode(f"<answer>\\boxed{{{label if label % 2 == 0 else label + 1}}}</answer>",
                                     add_special_tokens=False) + [self.tokenizer.eos_token_id]
@@ -79,9 +79,9 @@ async def test_the_chain_builds_each_step_once_and_a_rerun_asks_nothing(tmp_path
         assert [s.step for s in first.steps] == list(STEPS) and not any(s.done_before for s in first.steps)
         aops = read_problems(out / "aops.jsonl")
         assert aops and all(p.source == "openmathreasoning" for p in aops)
-        assert engine.calls == {p.problem: 2 for p in aops}  # every curated AoPS problem asked once, 2 samples
+        assert engine.calls == {p.text: 2 for p in aops}  # every curated AoPS problem asked once, 2 samples
         verified = read_problems(out / "aops-verified.jsonl")
-        assert [p.problem for p in verified] == [p.problem for p in aops if int(p.answer) % 2 == 0]
+        assert [p.text for p in verified] == [p.text for p in aops if int(p.answer) % 2 == 0]
         assert first.steps[1].counts["kept"] == len(verified) and first.steps[1].counts["asked"] == len(aops)
         # the merge is `rstar2 train problems` over DAPO, the verified AoPS problems and Project Euler
         by_hand = build([SOURCES.dapo, f"problems:{out / 'aops-verified.jsonl'}", SOURCES.euler],

@@ -47,7 +47,7 @@ def test_only_assistant_tokens_are_targets(fmt):
     user = next(m for m in record["messages"] if m["role"] == "user")
     assert user["content"] in rest and "You are a helpful assistant" in rest
     # the prompt part is the same ids serving renders for this problem
-    prompt = fmt.render_prompt(problems(3, 1)[0].question)
+    prompt = fmt.render_prompt(problems(3, 1)[0].text)
     assert ex.ids[:len(prompt)] == prompt and not any(ex.mask[:len(prompt)])
 
 
