@@ -30,12 +30,11 @@ RECIPES = {DEFAULT_AGENT: "sft-smollm2-cpu"}
 
 
 def model_key(cfg: SFTConfig) -> str:
-    """A hash of what the model is made from: the resolved recipe (less where it is written) and the base model's
-    files (their names and sizes)."""
+    """A hash of what the model is made from: the resolved recipe (`cfg` loaded with placeholders for where it is
+    written, so the key does not depend on them) and the base model's files (their names and sizes)."""
     base = Path(resolve_model(cfg.model).path)
     files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
-    recipe = recipes.dump(cfg).replace(cfg.out, "OUT").replace(cfg.db or "", "DB")
-    return hashlib.sha256(json.dumps([recipe, files]).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps([recipes.dump(cfg), files]).encode()).hexdigest()[:12]
 
 
 def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
