@@ -8,7 +8,7 @@ from rstar2_agent.chat_format import EXTRACTIONS, FORMATS
 from rstar2_agent.cli_options import engine_option, replica_options
 from rstar2_agent.store import StoreError
 
-from .benchmarks import BENCHMARKS, DataError, get_benchmarks
+from .benchmarks import BENCHMARKS, JSONL_PREFIX, DataError, get_benchmarks
 
 
 class _EvalGroup(click.Group):
@@ -23,8 +23,9 @@ class _EvalGroup(click.Group):
 @click.group("eval", cls=_EvalGroup)
 def eval_group() -> None:
     """Evaluate a model with the tool: `rstar2 eval aime24` (benchmarks: aime24, aime25, hmmt25, math500,
-    gpqa_diamond, bfcl_v3, ifeval, arena_hard, synth; a comma list runs several), each run as its authors run it
-    unless flags say otherwise. Results are stored; the same command resumes. `rstar2 eval paper`: the paper's table."""
+    gpqa_diamond, bfcl_v3, ifeval, arena_hard, synth, or jsonl:PATH for your own problems; a comma list runs
+    several), each run as its authors run it unless flags say otherwise. Results are stored; the same command
+    resumes. `rstar2 eval paper`: the paper's table."""
 
 
 BY_BENCHMARK = "Default: the benchmark's own"
@@ -136,20 +137,27 @@ def run_async(coro):
 @run_options
 def run_cmd(benchmarks, **o) -> None:
     """Run (or resume) BENCHMARKS, e.g. aime24 or aime24,aime25,hmmt25, each with its own defaults (n, sampling,
-    budgets: its authors' settings) where no flag is given."""
+    budgets: its authors' settings) where no flag is given.
+
+    Benchmarks: aime24, aime25, hmmt25, math500, gpqa_diamond, bfcl_v3, ifeval, arena_hard, synth, and
+    jsonl:PATH: your own math problems, one JSON object a line with the text under "question" (or "problem",
+    "prompt"), the answer under "answer" (or "gold", "solution": its last \\boxed{}) and an optional unique "id";
+    graded like the math benchmarks with the paper's defaults. PATH is relative to the current directory; the run
+    is stored as jsonl:STEM@HASH (a hash of the problems), so a changed file starts a new run."""
     from rstar2_agent.store import Store
 
     from .harness import evaluate
 
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    unknown = [b for b in names if b not in BENCHMARKS]
+    unknown = [b for b in names if b not in BENCHMARKS and not b.startswith(JSONL_PREFIX)]
     if unknown:
         import difflib
 
         close = [m for b in unknown for m in difflib.get_close_matches(b.lower(), list(BENCHMARKS), n=2, cutoff=0.6)]
+        close = [f"{JSONL_PREFIX}{b}" for b in unknown if b.endswith(".jsonl")] + close
         hint = f"did you mean {' or '.join(close)} (`rstar2 eval {close[0]}`)? " if close else ""
         raise click.UsageError(f"unknown benchmark(s) {', '.join(unknown)}; {hint}"
-                               f"choose from {', '.join(BENCHMARKS)}")
+                               f"choose from {', '.join(BENCHMARKS)} or {JSONL_PREFIX}PATH (your own problems)")
     source, cfg = source_and_config(o)
 
     async def go():

@@ -15,7 +15,7 @@ from rich.table import Table
 from rstar2_agent.stats import t_quantile
 from rstar2_agent.store import Run, Sample, Store, StoreError
 
-from .benchmarks import BENCHMARKS
+from .benchmarks import benchmark_type
 from .benchmarks.arena_hard import arena_summary
 from .benchmarks.base import MathBenchmark
 from .benchmarks.ifeval import ifeval_scores
@@ -41,7 +41,7 @@ def graded(s: Sample) -> Graded:
 
 def math_answers(benchmark: str) -> bool:
     """Answers the math grader compares (they vote together for maj@n when it takes them for equal)."""
-    return issubclass(BENCHMARKS.get(benchmark, object), MathBenchmark)
+    return issubclass(benchmark_type(benchmark) or object, MathBenchmark)
 
 
 def load(store: Store, name: str) -> list[BenchResult]:

@@ -11,21 +11,26 @@ from .bfcl_v3 import BFCLv3
 from .gpqa_diamond import GPQADiamond
 from .hmmt25 import HMMT25
 from .ifeval import IFEval
+from .jsonl_file import PREFIX as JSONL_PREFIX
+from .jsonl_file import JSONLFile
 from .math500 import MATH500
 from .synthetic import Synthetic
 
-__all__ = ["BENCHMARKS", "PAPER", "Benchmark", "Context", "DataError", "JudgeSpec", "Outcome", "Problem",
-           "RunDefaults", "get_benchmark", "get_benchmarks"]
+__all__ = ["BENCHMARKS", "JSONL_PREFIX", "PAPER", "Benchmark", "Context", "DataError", "JudgeSpec", "Outcome",
+           "Problem", "RunDefaults", "benchmark_type", "get_benchmark", "get_benchmarks"]
 
 BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (AIME24, AIME25, HMMT25, MATH500, GPQADiamond, BFCLv3,
                                                                     IFEval, ArenaHard, Synthetic)}
 
 
 def get_benchmark(name: str, categories: str = "all", judge: JudgeSpec | None = None) -> Benchmark:
-    """A benchmark by name; `categories` are BFCL v3's (a comma list of categories or groups) or the synthetic
-    problem families of `synth`; `judge` is Arena-Hard's."""
+    """A benchmark by name, or `jsonl:PATH` for a file of the user's own problems (jsonl_file.py); `categories` are
+    BFCL v3's (a comma list of categories or groups) or the synthetic problem families of `synth`; `judge` is
+    Arena-Hard's."""
+    if name.startswith(JSONL_PREFIX):
+        return JSONLFile(name)
     if name not in BENCHMARKS:
-        raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} "
+        raise DataError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or {JSONL_PREFIX}PATH "
                         "(several at once as a comma list)")
     if name == BFCLv3.name:
         return BFCLv3(categories=categories)
@@ -35,6 +40,11 @@ def get_benchmark(name: str, categories: str = "all", judge: JudgeSpec | None = 
         except ValueError as e:
             raise DataError(f"synth --categories: {e}") from e
     return ArenaHard(judge) if name == ArenaHard.name else BENCHMARKS[name]()
+
+
+def benchmark_type(name: str) -> type[Benchmark] | None:
+    """The class of a stored run's benchmark (`jsonl:<stem>@<hash>` names a JSONLFile), None for one unknown here."""
+    return JSONLFile if name.startswith(JSONL_PREFIX) else BENCHMARKS.get(name)
 
 
 def get_benchmarks(names: list[str], categories: str = "all", judge: JudgeSpec | None = None) -> dict[str, Benchmark]:
