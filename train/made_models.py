@@ -1,9 +1,9 @@
 """Models the project makes from the embedded base with its own recipes, once per machine: today the default agent
-of `rstar2 chat` and `rstar2 serve` (`smollm2-agent`), the embedded SmolLM2-135M-Instruct after `make train`'s SFT
-recipe (`sft-smollm2-cpu`: 128 synthesized tool-use conversations, one Hermes call to the Python tool and a boxed
-answer each), about 4 minutes on 2 cores.
+of `rstar2 chat` and `rstar2 serve` (`smollm2-agent`), the embedded SmolLM2-135M-Instruct after the SFT recipe
+`sft-smollm2-agent` (256 everyday "compute this" asks, train/data/asks.py: one Hermes call to the Python tool and a
+boxed answer each).
 
-A made model lives in `$RSTAR2_HOME/models/NAME-KEY`, KEY a hash of the recipe as resolved, the data it names and
+A made model lives in `$RSTAR2_HOME/models/NAME-KEY`, KEY a hash of the recipe as resolved, the data as loaded and
 the base model's files, so a changed recipe or base makes a new one and an unchanged one is made once. It is built
 in a hidden folder beside it and renamed into place when whole; `NAME.json` then points at it (the core's
 `models.made_folder` reads the pointer): a build stopped by Ctrl-C, SIGTERM or a crash leaves no pointer to a
@@ -26,15 +26,21 @@ from rstar2_agent.models import DEFAULT_AGENT, file_lock, made_pointer, resolve_
 from . import recipe as recipes
 from .config import SFTConfig
 
-RECIPES = {DEFAULT_AGENT: "sft-smollm2-cpu"}
+RECIPES = {DEFAULT_AGENT: "sft-smollm2-agent"}
 
 
 def model_key(cfg: SFTConfig) -> str:
     """A hash of what the model is made from: the resolved recipe (`cfg` loaded with placeholders for where it is
-    written, so the key does not depend on them) and the base model's files (their names and sizes)."""
+    written, so the key does not depend on them), the data as loaded (a generator's changed code changes it, not
+    only a changed recipe) and the base model's files (their names and sizes)."""
+    from .data.sft_mix import load_mix
+
     base = Path(resolve_model(cfg.model).path)
     files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
-    return hashlib.sha256(json.dumps([recipes.dump(cfg), files]).encode()).hexdigest()[:12]
+    data = hashlib.sha256()
+    for part in load_mix(cfg.data, cfg.seed, cfg.on_bad_line, cfg.hub_dir):
+        data.update(json.dumps(part.records, sort_keys=True, default=str).encode())
+    return hashlib.sha256(json.dumps([recipes.dump(cfg), data.hexdigest(), files]).encode()).hexdigest()[:12]
 
 
 def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,

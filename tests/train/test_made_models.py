@@ -44,3 +44,17 @@ def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_
         make_model(changes={**SMALL, "seed": 1}, echo=stop)
     assert not list((tmp_path / "models").glob(".smollm2-agent-building-*"))  # nothing partial left
     assert resolve_model(DEFAULT_AGENT).path == str(folder)  # the whole one is still the one used
+
+
+def test_the_key_follows_the_data_as_loaded_not_only_the_recipe(smol, monkeypatch):
+    """A generator whose code changed (here its phrasings) makes other data from the same recipe: another model."""
+    from rstar2_agent.train import recipe
+    from rstar2_agent.train.config import SFTConfig
+    from rstar2_agent.train.data import asks
+    from rstar2_agent.train.made_models import model_key
+
+    cfg = recipe.load(SFTConfig, RECIPES[DEFAULT_AGENT], changes={"out": "OUT", "db": "DB", "data": ["asks:4:0"]})
+    key = model_key(cfg)
+    assert model_key(cfg) == key
+    monkeypatch.setattr(asks, "SUFFIXES", [" Answer with Python."])
+    assert model_key(cfg) != key

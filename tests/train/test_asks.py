@@ -1,0 +1,71 @@
+"""The default agent's data (train/data/asks.py): every family's program prints its answer in the real sandbox,
+the asks are seeded, varied and distinct, the records are the synthetic conversations' shape (one call, the
+program's output, a boxed answer the math grader accepts), the `asks:` source loads, and the held-out prompts the
+agent is measured on share no question with the data."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rstar2_agent.chat_format import extract_answer
+from rstar2_agent.grading.math import grade_answer
+from rstar2_agent.sandbox import ExecRequest
+from rstar2_agent.train.data import asks
+from rstar2_agent.train.data.converters import DataError, load_records
+
+HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "agent_held_out.jsonl"
+
+
+def test_asks_are_seeded_distinct_and_cover_every_family():
+    first = asks.problems(0, 280)
+    assert first == asks.problems(0, 280)
+    assert len({p.text for p in first}) == 280
+    assert {p.id.rsplit("-", 1)[0] for p in first} == {"ask-0"}
+    assert len({p.text for p in asks.problems(1, 280)} & {p.text for p in first}) == 0
+    assert sum(p.text.endswith("Use Python.") for p in first) > 40  # the phrasings users write, with and without
+    assert len({p.text.split()[0] for p in first}) >= 8  # What, Compute, How, Find, Multiply, ...
+    # the families taken in turn: each drawn 10 times in 280
+    assert Counter(i % len(asks.FAMILIES) for i in range(280)) == Counter({i: 10 for i in range(len(asks.FAMILIES))})
+
+
+async def test_every_program_prints_its_answer_in_the_sandbox(sandbox):
+    sample = asks.problems(5, 3 * len(asks.FAMILIES))
+    results = await sandbox.run_batch([ExecRequest(p.code) for p in sample])
+    for p, r in zip(sample, results, strict=True):
+        assert r.ok and r.stdout == p.answer + "\n", (p.text, p.code, r.stderr)
+
+
+def test_the_program_carries_the_question_s_numbers():
+    """The point of the data: the code is the question's own operation on the question's own numbers."""
+    import re
+
+    for p in asks.problems(7, 200):
+        numbers = re.findall(r"\d{3,}", p.text)
+        assert not numbers or max(numbers, key=len) in p.code, (p.text, p.code)
+
+
+def test_the_asks_source_gives_one_call_then_a_boxed_answer_the_grader_accepts():
+    records = load_records("asks:12:3")
+    assert records == load_records("asks:12:3") and len(records) == 12
+    for rec, p in zip(records, asks.problems(3, 12), strict=True):
+        roles = [m["role"] for m in rec["messages"]]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        call = rec["messages"][1]["tool_calls"][0]["function"]
+        assert json.loads(call["arguments"]) == {"code": p.code}
+        assert rec["messages"][2]["result"]["stdout"] == p.answer + "\n"
+        answer = extract_answer(rec["messages"][3]["content"])
+        assert grade_answer(answer, p.answer) and not grade_answer(answer, str(int(p.answer) + 1))
+    with pytest.raises(DataError, match="asks:N"):
+        load_records("asks:many")
+
+
+def test_the_held_out_prompts_are_not_in_the_data():
+    held = [json.loads(line) for line in HELD_OUT.read_text().splitlines()]
+    assert len(held) == 20 and all(r["answer"].lstrip("-").isdigit() for r in held)
+    trained = {p.text.lower() for p in asks.problems(0, 256)}
+    for r in held:
+        assert not any(r["question"].lower() in t or t in r["question"].lower() for t in trained)
