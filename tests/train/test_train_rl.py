@@ -1,8 +1,7 @@
 """GRPO-RoC's step (Resample-on-Correct itself: test_roc.py): the advantage and clipped loss on a hand-computed
-example, stages; and with the real SmolLM2, the real sandbox
-and the real grader: one update changes the weights and lowers the loss on its batch; `run_rl` runs, stores and
-resumes, and the Ray path matches one process, on the 2-layer SmolLM2 (conftest's tiny_smollm2: the machinery,
-in seconds)."""
+example, stages; and with the real engine and the real sandbox: one update changes the weights and raises the
+advantage-weighted logprob of its batch; `run_rl` runs, stores and resumes, and the Ray path matches one process,
+all on the 2-layer SmolLM2 (conftest's tiny_smollm2: the machinery, in seconds)."""
 
 from __future__ import annotations
 
@@ -45,16 +44,18 @@ def test_stage_of_global_steps():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # SmolLM2's rollouts and update, 93-233 s beside two other workers on 2 cores
+@pytest.mark.timeout(600)  # rollouts and an update, beside two other workers on 2 cores
 async def test_one_update_changes_the_weights_and_raises_the_advantage_weighted_logprob_with_hand_set_rewards(
-        tmp_path):
-    """Real rollouts from the real engine and a fresh sandbox; the rewards are set by hand (the base model
-    solves none of these, so a graded batch would carry no signal). The ratio is against the learner's own old
-    logprobs, so the loss itself is -mean(A) whatever the weights: what one update must raise is the
-    advantage-weighted logprob of the batch under the learner."""
+        tmp_path, tiny_smollm2):
+    """Real rollouts from the real engine and a fresh sandbox; the rewards are set by hand (a graded batch of a
+    model that solves none of these would carry no signal), so what is checked is the update's machinery: the
+    2-layer SmolLM2 (conftest's tiny_smollm2). The ratio is against the learner's own old logprobs, so the loss
+    itself is -mean(A) whatever the weights: what one update must raise is the advantage-weighted logprob of the
+    batch under the learner."""
     from rstar2_agent.train.learner.update import UpdateItem, micro_batches, old_logprobs
 
-    run = RLRun(tiny(tmp_path, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"), dtype="fp32"))
+    run = RLRun(tiny(tmp_path, model=tiny_smollm2, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"),
+                     dtype="fp32"))
     try:
         await run.start()
         stage, rollouts, cfg = run.cfg.stages[0], run.rollouts, run.cfg
