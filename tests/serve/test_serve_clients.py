@@ -8,11 +8,15 @@ real SmolLM2 engine. docs/serve.md's "Clients tried" table lists what each test 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
 import operator
 import os
+import re
+import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -213,3 +217,41 @@ async def test_pydantic_ai_streamed_agent_run_with_a_tool(smol_tokenizer, sandbo
     assert any(isinstance(p, ThinkingPart) and p.content == THOUGHT for p in parts)
     assert usage.requests == 2 and usage.output_tokens == engine.generated(CALL) + engine.generated(ANSWER)
     assert usage.input_tokens == len(engine.prompts[0]) + len(engine.prompts[1])
+
+
+# ---------------------------------------------------------------------------------------------- docs/serve.md
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+PY_CALL = '<tool_call>\n{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(2**100)"}}\n' \
+    "</tool_call>"
+TWO_100 = str(2 ** 100)
+
+
+def doc_examples() -> list[str]:
+    """The python blocks of docs/serve.md's "Each client, as a user writes it"."""
+    section = DOCS.read_text().split("#### Each client, as a user writes it", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_docs_show_one_example_per_client():
+    assert [b.splitlines()[0] for b in doc_examples()] == [
+        "# openai: a streamed answer", "# LangChain", "# LiteLLM: the openai/ route", "# pydantic-ai"]
+
+
+@pytest.mark.parametrize("index", range(4))
+async def test_each_docs_example_runs_as_written(index, smol_tokenizer, sandbox, tmp_path):
+    """The block as written, in a fresh interpreter, against the real server on a free port (the one change): the
+    server runs the model's Python call in the sandbox and the client prints the answer that uses its output. The
+    engine is scripted (a call of print(2**100), then the boxed answer) so the printed number is the tool's."""
+    code = doc_examples()[index]
+    answer = f"<answer>2**100 is \\boxed{{{TWO_100}}}.</answer>"
+    engine = Engine(smol_tokenizer, [PY_CALL, answer])
+    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-agent", format="hermes"))
+    async with uvicorn_app(create_app(server, manage=False)) as url:
+        script = tmp_path / "example.py"
+        script.write_text(code.replace("http://127.0.0.1:8000", url))
+        proc = await asyncio.create_subprocess_exec(sys.executable, str(script), stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, cwd=tmp_path)
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert TWO_100 in out.decode()
+    assert TWO_100 in engine.prompt_text(1)  # the sandbox's output, shown to the model before its answer
