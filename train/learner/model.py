@@ -211,10 +211,22 @@ class TorchLearner:
     def sft_loss(self, batch: dict[str, torch.Tensor], denominator: int) -> torch.Tensor:
         """Summed token cross-entropy on the labelled tokens / denominator (all target tokens of the step,
         so micro-batches of any size weigh each token the same). Backward is the caller's: under FSDP, times the
-        world size (FSDP averages the ranks' gradients; sft.py)."""
-        logits = self.logits(batch)[:, :-1]
+        world size (FSDP averages the ranks' gradients; sft.py).
+
+        The head runs only at the positions whose next token is a target in some row (the model's
+        `logits_to_keep`): the other positions' logits would all be ignored, and a tool-use conversation is mostly
+        prompt (the system prompt alone is hundreds of tokens), while on a small model the vocabulary's head is
+        most of the compute. The loss is the same sum over the same labelled tokens."""
         labels = batch["labels"][:, 1:].to(self.device)
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+        keep = (labels != -100).any(0).nonzero().flatten()
+        targets = labels[:, keep]
+        if keep.numel() == 0:  # a padding row with no target (sft.py): one position, whose label is ignored
+            keep = torch.zeros(1, dtype=torch.long, device=self.device)
+            targets = torch.full((labels.size(0), 1), -100, dtype=labels.dtype, device=self.device)
+        inputs = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
+            logits = self.model(**inputs, use_cache=False, logits_to_keep=keep).logits.float()
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
                                                  ignore_index=-100, reduction="sum") / max(1, denominator)
 
     def optimizer_step(self, advance: bool = True) -> dict[str, float]:
