@@ -43,7 +43,8 @@ def cfg(**kw) -> EvalConfig:
 async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
     store = Store(tmp_path / "eval.db")
     out = tmp_path / "out"
-    await evaluate(["aime24"], ModelSource(), cfg(), store, "fix", data_dir=str(FIXTURE), out=str(out))
+    # 64 tokens a turn: SmolLM2's first turn is a whole tool call on these three problems
+    await evaluate(["aime24"], ModelSource(), cfg(max_tokens=64), store, "fix", data_dir=str(FIXTURE), out=str(out))
     (result,) = load(store, "fix")
     samples = store.samples(result.run.id)
     assert len(samples) == 6 and all(s.status == "ok" for s in samples) and result.run.status == "finished"
@@ -64,9 +65,10 @@ async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
     assert calls and all(escape(c["response"]) in html for c in calls)  # every tool output can be read
 
     ids = [s.id for s in samples]
-    await evaluate(["aime24"], ModelSource(), cfg(), store, "fix", data_dir=str(FIXTURE))  # resume: nothing to do
+    await evaluate(["aime24"], ModelSource(), cfg(max_tokens=64), store, "fix", data_dir=str(FIXTURE))  # resumed: none
     assert [s.id for s in store.samples(result.run.id)] == ids
-    await evaluate(["aime24"], ModelSource(), cfg(n=3), store, "fix", data_dir=str(FIXTURE))  # more samples: only those
+    # more samples: only those
+    await evaluate(["aime24"], ModelSource(), cfg(n=3, max_tokens=64), store, "fix", data_dir=str(FIXTURE))
     grown = store.samples(result.run.id)
     assert len(grown) == 9 and set(ids) < {s.id for s in grown}
 
