@@ -133,8 +133,10 @@ class HFEngine(Engine):
             gens = [self._generator(r.sampling.seed) for r in batch]
             budgets = [min(r.sampling.max_tokens, self.context_length - len(r.prompt_ids)) for r in batch]
             cache = DynamicCache()
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True).logits[:, -1, :].float()
+            # the head at the last position only: the prompt's other logits would be dropped (a vocabulary's worth
+            # per prompt token, most of a small model's prefill)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                                use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
             active = [b > 0 for b in budgets]
             for i, r in enumerate(batch):
                 if not active[i]:
