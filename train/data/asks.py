@@ -144,7 +144,8 @@ def _prime_count(r: random.Random) -> Ask:
          _pick(r, f"How many primes are there up to {n}?", f"How many prime numbers are at most {n}?",
                f"Count the primes from 1 to {n}."))
     top, bound = (n, f"{n}") if below else (n + 1, f"{n} + 1")
-    return q, f"{_PRIME}print(sum(1 for k in range({bound}) if is_prime(k)))", sum(1 for k in range(top) if _is_prime(k))
+    value = sum(1 for k in range(top) if _is_prime(k))
+    return q, f"{_PRIME}print(sum(1 for k in range({bound}) if is_prime(k)))", value
 
 
 def _prime_sum(r: random.Random) -> Ask:
@@ -307,6 +308,149 @@ def _trailing_zeros(r: random.Random) -> Ask:
     return q, f"n, zeros, p = {n}, 0, 5\nwhile p <= n:\n    zeros, p = zeros + n // p, p * 5\nprint(zeros)", zeros
 
 
+def _geometric(r: random.Random) -> Ask:
+    a, q, n = r.randint(1, 9), r.randint(2, 7), r.randint(5, 40)
+    text = _pick(r, f"What is the sum of the first {n} terms of the geometric sequence {a}, {a * q}, {a * q * q}, ...?",
+                 f"A sequence starts at {a} and each term is {q} times the previous one. What is the sum of the first "
+                 f"{n} terms?")
+    return text, f"print(sum({a} * {q} ** k for k in range({n})))", sum(a * q ** k for k in range(n))
+
+
+def _arithmetic(r: random.Random) -> Ask:
+    a, d, n = r.randint(1, 500), r.randint(2, 99), r.randint(10, 5000)
+    if r.random() < 0.5:
+        text = _pick(r, f"What is the {_ordinal(n)} term of the arithmetic sequence {a}, {a + d}, {a + 2 * d}, ...?",
+                     f"An arithmetic sequence starts at {a} with common difference {d}. What is its {_ordinal(n)} "
+                     "term?")
+        return text, f"print({a} + ({n} - 1) * {d})", a + (n - 1) * d
+    text = _pick(r, f"What is the sum of the first {n} terms of the arithmetic sequence {a}, {a + d}, "
+                    f"{a + 2 * d}, ...?",
+                 f"Add the first {n} terms of the sequence that starts at {a} and grows by {d} each step.")
+    return text, f"print(sum({a} + k * {d} for k in range({n})))", sum(a + k * d for k in range(n))
+
+
+def _recurrence(r: random.Random) -> Ask:
+    a0, a1, p, q, n = r.randint(0, 5), r.randint(1, 5), r.randint(1, 4), r.randint(1, 4), r.randint(10, 60)
+    seq = [a0, a1]
+    while len(seq) <= n:
+        seq.append(p * seq[-1] + q * seq[-2])
+    text = _pick(r, f"Let a(0) = {a0}, a(1) = {a1} and a(n) = {p}*a(n-1) + {q}*a(n-2). What is a({n})?",
+                 f"A sequence has a_0 = {a0}, a_1 = {a1}, and a_n = {p}a_(n-1) + {q}a_(n-2). Compute a_{n}.")
+    code = (f"a, b = {a0}, {a1}\nfor _ in range({n}):\n    a, b = b, {p} * b + {q} * a\nprint(a)")
+    return text, code, seq[n]
+
+
+def _stairs(r: random.Random) -> Ask:
+    n = r.randint(5, 80)
+    ways = [1, 1]
+    while len(ways) <= n:
+        ways.append(ways[-1] + ways[-2])
+    text = _pick(r, f"In how many ways can you climb a staircase of {n} steps taking 1 or 2 steps at a time?",
+                 f"How many ways are there to write {n} as an ordered sum of 1s and 2s?")
+    return text, f"a, b = 1, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)", ways[n]
+
+
+def _totient(r: random.Random) -> Ask:
+    n = r.randint(50, 10 ** 5)
+    value = sum(1 for k in range(1, n + 1) if math.gcd(k, n) == 1)
+    text = _pick(r, f"How many integers from 1 to {n} are coprime to {n}?", f"What is Euler's totient of {n}?",
+                 f"What is phi({n})?")
+    return text, f"import math\nprint(sum(1 for k in range(1, {n} + 1) if math.gcd(k, {n}) == 1))", value
+
+
+def _digit_range_count(r: random.Random) -> Ask:
+    digits, m = r.randint(2, 5), r.randint(3, 97)
+    lo, hi = 10 ** (digits - 1), 10 ** digits - 1
+    value = sum(1 for k in range(lo, hi + 1) if k % m == 0)
+    text = _pick(r, f"How many {digits}-digit numbers are divisible by {m}?",
+                 f"How many {digits}-digit positive integers are multiples of {m}?")
+    return text, f"print(sum(1 for k in range({lo}, {hi} + 1) if k % {m} == 0))", value
+
+
+def _palindromes(r: random.Random) -> Ask:
+    n = r.randint(100, 10 ** 6)
+    value = sum(1 for k in range(1, n + 1) if str(k) == str(k)[::-1])
+    text = _pick(r, f"How many palindromic numbers are there from 1 to {n}?",
+                 f"How many positive integers up to {n} read the same forwards and backwards?")
+    return text, f"print(sum(1 for k in range(1, {n} + 1) if str(k) == str(k)[::-1]))", value
+
+
+def _digit_product(r: random.Random) -> Ask:
+    n = r.randint(10 ** 5, 10 ** 12)
+    value = math.prod(int(c) for c in str(n))
+    if value == 0 or r.random() < 0.5:
+        n = int(str(n).replace("0", str(r.randint(1, 9))))
+        value = math.prod(int(c) for c in str(n))
+    text = _pick(r, f"What is the product of the digits of {n}?", f"Multiply the digits of {n} together.")
+    return text, f"import math\nprint(math.prod(int(c) for c in str({n})))", value
+
+
+def _reverse(r: random.Random) -> Ask:
+    n = r.randint(10 ** 4, 10 ** 12)
+    if r.random() < 0.5:
+        text = _pick(r, f"What is {n} plus its digit reversal?", f"Reverse the digits of {n} and add it to {n}.")
+        return text, f"print({n} + int(str({n})[::-1]))", n + int(str(n)[::-1])
+    text = _pick(r, f"What number do you get by reversing the digits of {n}?", f"Reverse the digits of {n}.")
+    return text, f"print(int(str({n})[::-1]))", int(str(n)[::-1])
+
+
+def _to_base(r: random.Random) -> Ask:
+    n, base = r.randint(100, 10 ** 8), r.choice([2, 3, 5, 7, 8])
+    digits, m = [], n
+    while m:
+        digits.append(m % base)
+        m //= base
+    if r.random() < 0.5:
+        text = _pick(r, f"How many digits does {n} have in base {base}?", f"How long is {n} written in base {base}?")
+        return (text, f"n, count = {n}, 0\nwhile n:\n    n, count = n // {base}, count + 1\nprint(count)",
+                len(digits))
+    text = _pick(r, f"What is the sum of the digits of {n} in base {base}?",
+                 f"Write {n} in base {base}. What is the sum of its digits?")
+    code = f"n, total = {n}, 0\nwhile n:\n    n, total = n // {base}, total + n % {base}\nprint(total)"
+    return text, code, sum(digits)
+
+
+def _count_pairs(r: random.Random) -> Ask:
+    n, s = r.randint(10, 300), r.randint(10, 200)
+    value = sum(1 for a in range(1, n + 1) for b in range(a, n + 1) if a + b == s)
+    text = _pick(r, f"How many pairs (a, b) with 1 <= a <= b <= {n} satisfy a + b = {s}?",
+                 f"Count the pairs of integers a <= b between 1 and {n} whose sum is {s}.")
+    return text, f"print(sum(1 for a in range(1, {n} + 1) for b in range(a, {n} + 1) if a + b == {s}))", value
+
+
+def _perfect_powers(r: random.Random) -> Ask:
+    n, k = r.randint(10 ** 3, 10 ** 9), r.choice([3, 3, 4, 5])
+    value = sum(1 for b in range(1, int(round(n ** (1 / k))) + 3) if b ** k <= n)
+    name = {3: "perfect cubes", 4: "perfect fourth powers", 5: "perfect fifth powers"}[k]
+    text = _pick(r, f"How many {name} are there from 1 to {n}?", f"How many positive integers b satisfy b^{k} <= {n}?")
+    return text, f"print(sum(1 for b in range(1, 10 ** 6) if b ** {k} <= {n}))", value
+
+
+def _mean(r: random.Random) -> Ask:
+    values = [r.randint(1, 999) for _ in range(r.randint(4, 8))]
+    values[-1] += (-sum(values)) % len(values)  # an integer mean
+    listed = ", ".join(map(str, values))
+    text = _pick(r, f"What is the average of {listed}?", f"What is the mean of the numbers {listed}?")
+    return text, f"values = [{listed}]\nprint(sum(values) // len(values))", sum(values) // len(values)
+
+
+def _square_sum_difference(r: random.Random) -> Ask:
+    n = r.randint(10, 1000)
+    value = sum(range(1, n + 1)) ** 2 - sum(k * k for k in range(1, n + 1))
+    text = _pick(r, f"What is the difference between the square of the sum and the sum of the squares of the first "
+                    f"{n} positive integers?",
+                 f"Compute (1 + 2 + ... + {n})^2 - (1^2 + 2^2 + ... + {n}^2).")
+    return text, f"print(sum(range(1, {n} + 1)) ** 2 - sum(k * k for k in range(1, {n} + 1)))", value
+
+
+def _double_factorial(r: random.Random) -> Ask:
+    n = r.randint(5, 40)
+    value = math.prod(range(n, 0, -2))
+    text = _pick(r, f"What is {n}!! (the double factorial of {n})?",
+                 f"What is the product {n} * {n - 2} * {n - 4} * ... down to {n % 2 or 2}?")
+    return text, f"import math\nprint(math.prod(range({n}, 0, -2)))", value
+
+
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -316,17 +460,21 @@ FAMILIES: dict[str, Callable[[random.Random], Ask]] = {f.__name__[1:]: f for f i
     _power, _power_offset, _product, _sum_terms, _expression, _factorial, _digit_sum, _digit_count, _sum_range,
     _power_sum, _multiples, _prime_count, _prime_sum, _nth_prime, _largest_prime_factor, _fibonacci, _gcd_lcm,
     _lcm_range, _powmod, _last_digits, _division, _choose, _divisors, _squares, _triangular, _binary, _collatz,
-    _trailing_zeros)}
+    _trailing_zeros, _geometric, _arithmetic, _recurrence, _stairs, _totient, _digit_range_count, _palindromes,
+    _digit_product, _reverse, _to_base, _count_pairs, _perfect_powers, _mean, _square_sum_difference,
+    _double_factorial)}
 
 
 def problems(seed: int, n: int) -> list[SynthProblem]:
     """`n` asks drawn with `seed`, the families taken in turn (each about equally often), a suffix drawn for each."""
     r = random.Random(seed)
-    makers = list(FAMILIES.values())
+    names = list(FAMILIES)
     out = []
     for i in range(n):
-        text, code, answer = makers[i % len(makers)](r)
-        out.append(SynthProblem(f"ask-{seed}-{i}", text + r.choice(SUFFIXES), str(answer), "asks", code=code))
+        family = names[i % len(names)]
+        text, code, answer = FAMILIES[family](r)
+        out.append(SynthProblem(f"ask-{seed}-{i}", text + r.choice(SUFFIXES), str(answer), "asks",
+                                meta={"family": family}, code=code))
     return out
 
 
