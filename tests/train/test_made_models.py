@@ -1,5 +1,5 @@
 """The default agent is made once per machine from the embedded base by the project's own SFT recipe
-(train/made_models.py), under a key of recipe and base: made whole or not at all (a stopped build is never used),
+(train/made_models.py), under a key of recipe, data and base: made whole or not at all (a stopped build is never used),
 found again without training, remade when its recipe changes, and named by the command that makes it when it is
 missing. Run here on a scaled-down recipe (2 conversations, 1 step) in a fresh RSTAR2_HOME that shares only the
 converted base."""
