@@ -11,14 +11,15 @@ tool, its output, then `<answer>\\boxed{}</answer>`. The held-out prompts the ag
 
 from __future__ import annotations
 
-import math
+import contextlib
+import io
 import random
 from collections.abc import Callable
 from typing import Any
 
 from rstar2_agent.synthetic import SynthProblem, conversation
 
-Ask = tuple[str, str, int]  # the question, the program that prints the answer, the answer
+Ask = tuple[str, str]  # the question, the program that prints its answer (the answer is what it prints)
 
 SUFFIXES = ["", "", " Use Python.", " Use Python.", " Use the Python tool.", " Please compute it exactly.",
             " Give the exact value."]
@@ -32,29 +33,28 @@ def _power(r: random.Random) -> Ask:
     a, b = r.randint(2, 99), r.randint(10, 120)
     q = _pick(r, f"What is {a}**{b}?", f"Compute {a}^{b}.", f"What is {a} to the power of {b}?",
               f"Calculate {a} raised to the power {b}.", f"What is {a}^{b}?")
-    return q, f"print({a} ** {b})", a ** b
+    return q, f"print({a} ** {b})"
 
 
 def _power_offset(r: random.Random) -> Ask:
     a, b, c = r.choice([2, 2, 3, 5, 7, 10]), r.randint(20, 128), r.randint(1, 99)
     sign = r.choice(["+", "-"])
-    value = a ** b + c if sign == "+" else a ** b - c
     q = _pick(r, f"What is {a}**{b} {sign} {c}?", f"Compute {a}^{b} {sign} {c}.")
-    return q, f"print({a} ** {b} {sign} {c})", value
+    return q, f"print({a} ** {b} {sign} {c})"
 
 
 def _product(r: random.Random) -> Ask:
     a, b = r.randint(1000, 10 ** r.randint(5, 12)), r.randint(1000, 10 ** r.randint(5, 12))
     q = _pick(r, f"What is {a} * {b}?", f"What is {a} times {b}?", f"Multiply {a} by {b}.",
               f"Compute {a}*{b}.", f"What is the product of {a} and {b}?")
-    return q, f"print({a} * {b})", a * b
+    return q, f"print({a} * {b})"
 
 
 def _sum_terms(r: random.Random) -> Ask:
     terms = [r.randint(100, 10 ** 9) for _ in range(r.randint(3, 5))]
     listed = ", ".join(map(str, terms[:-1])) + f" and {terms[-1]}"
     q = _pick(r, f"What is {' + '.join(map(str, terms))}?", f"Add {listed}.", f"What is the sum of {listed}?")
-    return q, f"print({' + '.join(map(str, terms))})", sum(terms)
+    return q, f"print({' + '.join(map(str, terms))})"
 
 
 def _expression(r: random.Random) -> Ask:
@@ -62,14 +62,14 @@ def _expression(r: random.Random) -> Ask:
     expr = r.choice([f"({a} + {b}) * {c} - {d}", f"{a} * {b} - {c} * {d}", f"({a} - {b}) * ({c} + {d})",
                      f"{a} * {b} * {c} + {d}"])
     q = _pick(r, f"What is {expr}?", f"Compute {expr}.", f"Evaluate {expr}.")
-    return q, f"print({expr})", eval(expr)  # noqa: S307 - our own arithmetic string
+    return q, f"print({expr})"
 
 
 def _factorial(r: random.Random) -> Ask:
     n = r.randint(10, 60)
     q = _pick(r, f"What is {n}!?", f"Compute {n} factorial.", f"What is the factorial of {n}?",
               f"Calculate {n}!.", f"What is {n} factorial?")
-    return q, f"import math\nprint(math.factorial({n}))", math.factorial(n)
+    return q, f"import math\nprint(math.factorial({n}))"
 
 
 def _digit_sum(r: random.Random) -> Ask:
@@ -83,10 +83,9 @@ def _digit_sum(r: random.Random) -> Ask:
     else:
         n = r.randint(10 ** 8, 10 ** 15)
         what, expr = str(n), str(n)
-    value = sum(int(c) for c in str(eval(expr, {"math": math})))  # noqa: S307 - our own arithmetic string
     head = "import math\n" if "math." in expr else ""
     q = _pick(r, f"What is the sum of the digits of {what}?", f"Find the digit sum of {what}.")
-    return q, f"{head}print(sum(int(c) for c in str({expr})))", value
+    return q, f"{head}print(sum(int(c) for c in str({expr})))"
 
 
 def _digit_count(r: random.Random) -> Ask:
@@ -96,16 +95,15 @@ def _digit_count(r: random.Random) -> Ask:
     else:
         n = r.randint(20, 500)
         what, expr, head = f"{n}!", f"math.factorial({n})", "import math\n"
-    value = len(str(eval(expr, {"math": math})))  # noqa: S307 - our own arithmetic string
     q = _pick(r, f"How many digits does {what} have?", f"How many digits are in {what}?")
-    return q, f"{head}print(len(str({expr})))", value
+    return q, f"{head}print(len(str({expr})))"
 
 
 def _sum_range(r: random.Random) -> Ask:
     a, b = r.choice([1, 1, r.randint(2, 500)]), r.randint(100, 100000)
     q = _pick(r, f"What is the sum of all integers from {a} to {b}?", f"Sum the numbers from {a} to {b}.",
               f"What is {a} + {a + 1} + ... + {b}?", f"Add up every integer from {a} through {b}.")
-    return q, f"print(sum(range({a}, {b} + 1)))", sum(range(a, b + 1))
+    return q, f"print(sum(range({a}, {b} + 1)))"
 
 
 def _power_sum(r: random.Random) -> Ask:
@@ -113,7 +111,7 @@ def _power_sum(r: random.Random) -> Ask:
     name = {2: "squares", 3: "cubes", 4: "fourth powers"}[k]
     q = _pick(r, f"What is the sum of the {name} of the integers from 1 to {n}?",
               f"What is 1^{k} + 2^{k} + ... + {n}^{k}?", f"Compute the sum of k**{k} for k from 1 to {n}.")
-    return q, f"print(sum(k ** {k} for k in range(1, {n} + 1)))", sum(j ** k for j in range(1, n + 1))
+    return q, f"print(sum(k ** {k} for k in range(1, {n} + 1)))"
 
 
 def _multiples(r: random.Random) -> Ask:
@@ -121,19 +119,13 @@ def _multiples(r: random.Random) -> Ask:
     if r.random() < 0.5:
         q = _pick(r, f"What is the sum of all multiples of {a} or {b} below {n}?",
                   f"Find the sum of the natural numbers less than {n} that are divisible by {a} or {b}.")
-        return (q, f"print(sum(k for k in range(1, {n}) if k % {a} == 0 or k % {b} == 0))",
-                sum(k for k in range(1, n) if k % a == 0 or k % b == 0))
+        return q, f"print(sum(k for k in range(1, {n}) if k % {a} == 0 or k % {b} == 0))"
     q = _pick(r, f"How many integers from 1 to {n} are divisible by {a} or {b}?",
               f"Count the numbers between 1 and {n} that are multiples of {a} or {b}.")
-    return (q, f"print(sum(1 for k in range(1, {n} + 1) if k % {a} == 0 or k % {b} == 0))",
-            sum(1 for k in range(1, n + 1) if k % a == 0 or k % b == 0))
+    return q, f"print(sum(1 for k in range(1, {n} + 1) if k % {a} == 0 or k % {b} == 0))"
 
 
 _PRIME = "def is_prime(k):\n    return k > 1 and all(k % p for p in range(2, int(k ** 0.5) + 1))\n"
-
-
-def _is_prime(k: int) -> bool:
-    return k > 1 and all(k % p for p in range(2, int(k ** 0.5) + 1))
 
 
 def _prime_count(r: random.Random) -> Ask:
@@ -143,49 +135,35 @@ def _prime_count(r: random.Random) -> Ask:
                f"Count the primes smaller than {n}.") if below else
          _pick(r, f"How many primes are there up to {n}?", f"How many prime numbers are at most {n}?",
                f"Count the primes from 1 to {n}."))
-    top, bound = (n, f"{n}") if below else (n + 1, f"{n} + 1")
-    value = sum(1 for k in range(top) if _is_prime(k))
-    return q, f"{_PRIME}print(sum(1 for k in range({bound}) if is_prime(k)))", value
+    bound = f"{n}" if below else f"{n} + 1"
+    return q, f"{_PRIME}print(sum(1 for k in range({bound}) if is_prime(k)))"
 
 
 def _prime_sum(r: random.Random) -> Ask:
     n = r.randint(50, 30000)
     q = _pick(r, f"What is the sum of all primes below {n}?", f"Add up the prime numbers less than {n}.")
-    return q, f"{_PRIME}print(sum(k for k in range({n}) if is_prime(k)))", sum(k for k in range(n) if _is_prime(k))
+    return q, f"{_PRIME}print(sum(k for k in range({n}) if is_prime(k)))"
 
 
 def _nth_prime(r: random.Random) -> Ask:
     n = r.randint(10, 3000)
-    count, k = 0, 1
-    while count < n:
-        k += 1
-        count += _is_prime(k)
     q = _pick(r, f"What is the {_ordinal(n)} prime number?", f"Find the {_ordinal(n)} prime.")
-    return q, f"{_PRIME}count, k = 0, 1\nwhile count < {n}:\n    k += 1\n    count += is_prime(k)\nprint(k)", k
+    return q, f"{_PRIME}count, k = 0, 1\nwhile count < {n}:\n    k += 1\n    count += is_prime(k)\nprint(k)"
 
 
 def _largest_prime_factor(r: random.Random) -> Ask:
     n = r.randint(1000, 10 ** 10)
-    m, p, largest = n, 2, 1
-    while p * p <= m:
-        while m % p == 0:
-            m, largest = m // p, p
-        p += 1
-    largest = max(largest, m) if m > 1 else largest
     q = _pick(r, f"What is the largest prime factor of {n}?", f"Find the biggest prime that divides {n}.")
     code = (f"n, p, largest = {n}, 2, 1\nwhile p * p <= n:\n    while n % p == 0:\n        n, largest = n // p, p\n"
             "    p += 1\nprint(max(largest, n) if n > 1 else largest)")
-    return q, code, largest
+    return q, code
 
 
 def _fibonacci(r: random.Random) -> Ask:
     n = r.randint(10, 300)
-    a, b = 0, 1
-    for _ in range(n):
-        a, b = b, a + b
     q = _pick(r, f"What is the {_ordinal(n)} Fibonacci number?", f"Compute Fibonacci({n}), with F(1) = F(2) = 1.",
               f"What is F({n}) in the Fibonacci sequence starting 1, 1?")
-    return q, f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)", a
+    return q, f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)"
 
 
 def _gcd_lcm(r: random.Random) -> Ask:
@@ -195,31 +173,31 @@ def _gcd_lcm(r: random.Random) -> Ask:
     if r.random() < 0.5:
         q = _pick(r, f"What is gcd({a}, {b})?", f"Find the greatest common divisor of {a} and {b}.",
                   f"What is the GCD of {a} and {b}?")
-        return q, f"import math\nprint(math.gcd({a}, {b}))", math.gcd(a, b)
+        return q, f"import math\nprint(math.gcd({a}, {b}))"
     q = _pick(r, f"What is lcm({a}, {b})?", f"Find the least common multiple of {a} and {b}.",
               f"What is the LCM of {a} and {b}?")
-    return q, f"import math\nprint(math.lcm({a}, {b}))", math.lcm(a, b)
+    return q, f"import math\nprint(math.lcm({a}, {b}))"
 
 
 def _lcm_range(r: random.Random) -> Ask:
     n = r.randint(5, 60)
     q = _pick(r, f"What is the smallest positive number divisible by every integer from 1 to {n}?",
               f"What is the least common multiple of 1, 2, ..., {n}?")
-    return q, f"import math\nprint(math.lcm(*range(1, {n} + 1)))", math.lcm(*range(1, n + 1))
+    return q, f"import math\nprint(math.lcm(*range(1, {n} + 1)))"
 
 
 def _powmod(r: random.Random) -> Ask:
     a, e, m = r.randint(2, 999), r.randint(10, 10 ** 6), r.randint(7, 10 ** 6)
     q = _pick(r, f"What is {a}**{e} mod {m}?", f"What is {a}^{e} modulo {m}?",
               f"Find the remainder when {a}^{e} is divided by {m}.", f"Compute {a}^{e} mod {m}.")
-    return q, f"print(pow({a}, {e}, {m}))", pow(a, e, m)
+    return q, f"print(pow({a}, {e}, {m}))"
 
 
 def _last_digits(r: random.Random) -> Ask:
     a, e, k = r.randint(2, 99), r.randint(10, 10 ** 5), r.choice([2, 3, 4, 5])
     q = _pick(r, f"What number do the last {k} digits of {a}^{e} form?",
               f"What is {a}**{e} modulo 10**{k} (its last {k} digits)?")
-    return q, f"print(pow({a}, {e}, 10 ** {k}))", pow(a, e, 10 ** k)
+    return q, f"print(pow({a}, {e}, 10 ** {k}))"
 
 
 def _division(r: random.Random) -> Ask:
@@ -227,10 +205,10 @@ def _division(r: random.Random) -> Ask:
     if r.random() < 0.5:
         q = _pick(r, f"What is {a} mod {b}?", f"What is the remainder when {a} is divided by {b}?",
                   f"What is {a} % {b}?")
-        return q, f"print({a} % {b})", a % b
+        return q, f"print({a} % {b})"
     q = _pick(r, f"What is {a} // {b}?", f"What is {a} divided by {b}, rounded down?",
               f"What is the integer quotient of {a} divided by {b}?")
-    return q, f"print({a} // {b})", a // b
+    return q, f"print({a} // {b})"
 
 
 def _choose(r: random.Random) -> Ask:
@@ -239,21 +217,20 @@ def _choose(r: random.Random) -> Ask:
     if r.random() < 0.6:
         q = _pick(r, f"What is {n} choose {k}?", f"Compute C({n}, {k}).",
                   f"In how many ways can {k} items be chosen from {n}?", f"What is the binomial coefficient ({n} {k})?")
-        return q, f"import math\nprint(math.comb({n}, {k}))", math.comb(n, k)
+        return q, f"import math\nprint(math.comb({n}, {k}))"
     q = _pick(r, f"How many ordered arrangements of {k} items can be made from {n} distinct items?",
               f"What is P({n}, {k}), the number of permutations of {k} out of {n}?")
-    return q, f"import math\nprint(math.perm({n}, {k}))", math.perm(n, k)
+    return q, f"import math\nprint(math.perm({n}, {k}))"
 
 
 def _divisors(r: random.Random) -> Ask:
     n = r.randint(100, 10 ** 6)
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
     if r.random() < 0.5:
         q = _pick(r, f"How many divisors does {n} have?", f"How many positive divisors does {n} have?",
                   f"Count the divisors of {n}.")
-        return q, f"print(sum(1 for d in range(1, {n} + 1) if {n} % d == 0))", len(divisors)
+        return q, f"print(sum(1 for d in range(1, {n} + 1) if {n} % d == 0))"
     q = _pick(r, f"What is the sum of the divisors of {n}?", f"What is the sum of all positive divisors of {n}?")
-    return q, f"print(sum(d for d in range(1, {n} + 1) if {n} % d == 0))", sum(divisors)
+    return q, f"print(sum(d for d in range(1, {n} + 1) if {n} % d == 0))"
 
 
 def _squares(r: random.Random) -> Ask:
@@ -261,15 +238,15 @@ def _squares(r: random.Random) -> Ask:
     if r.random() < 0.5:
         q = _pick(r, f"How many perfect squares are there from 1 to {n}?",
                   f"How many perfect squares are less than or equal to {n}?")
-        return q, f"import math\nprint(math.isqrt({n}))", math.isqrt(n)
+        return q, f"import math\nprint(math.isqrt({n}))"
     q = _pick(r, f"What is the integer square root of {n}?", f"What is the floor of the square root of {n}?")
-    return q, f"import math\nprint(math.isqrt({n}))", math.isqrt(n)
+    return q, f"import math\nprint(math.isqrt({n}))"
 
 
 def _triangular(r: random.Random) -> Ask:
     n = r.randint(10, 10 ** 5)
     q = _pick(r, f"What is the {_ordinal(n)} triangular number?", f"Compute the triangular number T({n}).")
-    return q, f"print({n} * ({n} + 1) // 2)", n * (n + 1) // 2
+    return q, f"print({n} * ({n} + 1) // 2)"
 
 
 def _binary(r: random.Random) -> Ask:
@@ -278,34 +255,28 @@ def _binary(r: random.Random) -> Ask:
     if kind == 0:
         bits = bin(n)[2:]
         q = _pick(r, f"What is the binary number {bits} in decimal?", f"Convert {bits} from base 2 to base 10.")
-        return q, f"print(int('{bits}', 2))", n
+        return q, f"print(int('{bits}', 2))"
     if kind == 1:
         digits = hex(n)[2:].upper()
         q = _pick(r, f"What is the hexadecimal number {digits} in decimal?", f"Convert 0x{digits} to decimal.")
-        return q, f"print(int('{digits}', 16))", n
+        return q, f"print(int('{digits}', 16))"
     q = _pick(r, f"How many 1s are in the binary representation of {n}?", f"How many bits of {n} are set?")
-    return q, f"print(bin({n}).count('1'))", bin(n).count("1")
+    return q, f"print(bin({n}).count('1'))"
 
 
 def _collatz(r: random.Random) -> Ask:
     n = r.randint(5, 10 ** 6)
-    m, steps = n, 0
-    while m != 1:
-        m, steps = (m // 2 if m % 2 == 0 else 3 * m + 1), steps + 1
     q = _pick(r, f"How many steps does the Collatz sequence starting at {n} take to reach 1?",
               f"Starting from {n}, how many Collatz steps (n/2 if even, 3n+1 if odd) reach 1?")
     code = (f"n, steps = {n}, 0\nwhile n != 1:\n    n, steps = (n // 2 if n % 2 == 0 else 3 * n + 1), steps + 1\n"
             "print(steps)")
-    return q, code, steps
+    return q, code
 
 
 def _trailing_zeros(r: random.Random) -> Ask:
     n = r.randint(10, 5000)
-    zeros, p = 0, 5
-    while p <= n:
-        zeros, p = zeros + n // p, p * 5
     q = _pick(r, f"How many trailing zeros does {n}! have?", f"How many zeros does {n} factorial end with?")
-    return q, f"n, zeros, p = {n}, 0, 5\nwhile p <= n:\n    zeros, p = zeros + n // p, p * 5\nprint(zeros)", zeros
+    return q, f"n, zeros, p = {n}, 0, 5\nwhile p <= n:\n    zeros, p = zeros + n // p, p * 5\nprint(zeros)"
 
 
 def _ordinal(n: int) -> str:
@@ -320,6 +291,15 @@ FAMILIES: dict[str, Callable[[random.Random], Ask]] = {f.__name__[1:]: f for f i
     _trailing_zeros)}
 
 
+def output(code: str) -> str:
+    """What a family's program prints: the ask's answer, so program and answer cannot disagree (run here, in this
+    process: the program is our own, from the templates above; tests/train/test_asks.py runs them in the sandbox)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})  # noqa: S102 - our own generated program
+    return printed.getvalue().strip()
+
+
 def problems(seed: int, n: int) -> list[SynthProblem]:
     """`n` asks drawn with `seed`, the families taken in turn (each about equally often), a suffix drawn for each."""
     r = random.Random(seed)
@@ -327,8 +307,8 @@ def problems(seed: int, n: int) -> list[SynthProblem]:
     out = []
     for i in range(n):
         family = names[i % len(names)]
-        text, code, answer = FAMILIES[family](r)
-        out.append(SynthProblem(f"ask-{seed}-{i}", text + r.choice(SUFFIXES), str(answer), "asks",
+        text, code = FAMILIES[family](r)
+        out.append(SynthProblem(f"ask-{seed}-{i}", text + r.choice(SUFFIXES), output(code), "asks",
                                 meta={"family": family}, code=code))
     return out
 
