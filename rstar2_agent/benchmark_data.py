@@ -26,15 +26,25 @@ def data_dirs(data_dir: str | os.PathLike | None) -> list[Path]:
     return [Path(d) for d in dirs]
 
 
+def numbered_jsonl(path: str | os.PathLike, example: str = "") -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each JSON line of a file (blank lines skipped); a line that is not JSON, or a file
+    that is not UTF-8, is a DataError naming it (`example`: a good line to show)."""
+    hint = f"each line must be one JSON object, e.g. {example}" if example else "fix or replace the file"
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield lineno, json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); {hint}") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason}); save the file as UTF-8") from e
+
+
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """The rows of a JSONL file one by one (blank lines skipped); a bad line is a DataError naming it."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or replace the file") from e
+    return (row for _, row in numbered_jsonl(path))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rstar2_agent.benchmark_data import numbered_jsonl
 from rstar2_agent.chat_format import last_boxed
 
 from .base import PAPER, DataError, MathBenchmark, Problem
@@ -66,20 +67,8 @@ def read_problems(path: Path) -> list[Problem]:
                         "(relative to the current directory)")
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = list(enumerate(f, 1))
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from e
-    for lineno, line in lines:
-        if not line.strip():
-            continue
+    for lineno, row in numbered_jsonl(path, EXAMPLE):
         where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object, e.g. "
-                            f"{EXAMPLE}") from e
         if not isinstance(row, dict):
             raise DataError(f"{where}: a JSON {type(row).__name__}, not an object; each line must be one JSON "
                             f"object, e.g. {EXAMPLE}")
