@@ -5,7 +5,8 @@ their pins never touch the product's. A seeded corpus per checker (BFCL AST: mut
 bundled possible answers describe; BFCL raw decoding: raw-text variants of those calls; IFEval: synthesized responses
 to the IFEval prompts; GPQA: answers in the forms models write) is run by the official code in its venv
 (bench/conformance_official.py, JSONL in and out) and by ours in-process. Every disagreement is classified;
-a class in EXPLAINED is a documented difference, anything else fails the run.
+a class in EXPLAINED is a documented difference, anything else fails the run. GPQA is compared twice: our own reading
+(row gpqa) and our code under `--gpqa-extraction simple-evals` (row gpqa_simple_evals), which must agree on every case.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ EXPLAINED = {
     "ifeval": {"random_letter": "the instruction's letter is not a letter ('#', '!'): Google's checker then checks "
                                 "random.choice(string.ascii_letters), in lm-eval's copy and in ours: a coin toss"},
 }
+
+# What the report compares: (its row, the case kind, GPQA's extraction). GPQA twice: our own reading, whose
+# differences are the documented ones above, and our code under --gpqa-extraction simple-evals, which has none.
+CHECKERS = [("bfcl_ast", "bfcl_ast", "ours"), ("bfcl_decode", "bfcl_decode", "ours"), ("ifeval", "ifeval", "ours"),
+            ("gpqa", "gpqa", "ours"), ("gpqa_simple_evals", "gpqa", "simple-evals")]
 
 
 # ------------------------------------------------------------------------------------------ the official venvs
@@ -299,7 +305,8 @@ def gpqa_cases(rng: random.Random, n: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ ours, and the comparison
-def ours(case: dict) -> dict:
+def ours(case: dict, gpqa_extraction: str = "ours") -> dict:
+    """Our verdict on a case; GPQA's letter read as the benchmark reads it under `gpqa_extraction`."""
     kind = case["kind"]
     if kind == "bfcl_ast":
         from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import CRASH, check_ast
@@ -317,9 +324,9 @@ def ours(case: dict) -> dict:
         rs = check(case["response"], case["instruction_id_list"], case["kwargs"], case["prompt"])
         return {"strict": all(r.strict for r in rs), "loose": all(r.loose for r in rs),
                 "inst_strict": [r.strict for r in rs], "inst_loose": [r.loose for r in rs]}
-    from rstar2_agent.eval.benchmarks.gpqa_diamond.choice import grade_choice
+    from rstar2_agent.eval.benchmarks.gpqa_diamond import GPQA_EXTRACTIONS
 
-    return {"letter": grade_choice(case["response"])}
+    return {"letter": GPQA_EXTRACTIONS[gpqa_extraction].read(case["response"])}
 
 
 def compare(case: dict, mine: dict, official: dict) -> str | None:
@@ -381,20 +388,20 @@ def conformance(seed: int = 0, n: int = 5000, home: Path | None = None) -> dict[
     cases = corpus(seed, n)
     official = run_official(cases, home)
     report: dict[str, Any] = {"seed": seed, "versions": official_versions(home), "benchmarks": {}}
-    for kind in ("bfcl_ast", "bfcl_decode", "ifeval", "gpqa"):
+    for label, kind, extraction in CHECKERS:
         rows = [(c, o) for c, o in zip(cases, official, strict=True) if c["kind"] == kind]
         classes: Counter[str] = Counter()
         examples: dict[str, dict] = {}
         raises = 0
         for case, theirs in rows:
             raises += "raises" in theirs
-            cls = compare(case, ours(case), theirs)
+            cls = compare(case, ours(case, extraction), theirs)
             if cls:
                 classes[cls] += 1
                 examples.setdefault(cls, {"id": case["id"], "case": {k: v for k, v in case.items()
                                                                      if k in ("text", "response", "calls")}})
-        explained = EXPLAINED.get(kind, {})
-        report["benchmarks"][kind] = {
+        explained = EXPLAINED.get(label, {})
+        report["benchmarks"][label] = {
             "cases": len(rows), "agree": len(rows) - sum(classes.values()), "official_raises": raises,
             "agreement": round((len(rows) - sum(classes.values())) / max(1, len(rows)), 5),
             "disagreements": {c: {"count": k, "explained": explained.get(c), "example": examples[c]}

@@ -8,7 +8,7 @@ from rstar2_agent.chat_format import EXTRACTIONS, FORMATS
 from rstar2_agent.cli_options import engine_option, replica_options
 from rstar2_agent.store import StoreError
 
-from .benchmarks import BENCHMARKS, JSONL_PREFIX, DataError, get_benchmarks
+from .benchmarks import BENCHMARKS, DEFAULT_GPQA_EXTRACTION, GPQA_EXTRACTIONS, JSONL_PREFIX, DataError, get_benchmarks
 
 
 class _EvalGroup(click.Group):
@@ -74,6 +74,11 @@ _RUN_OPTIONS = [
                  "its first)."),
     click.option("--judge-api-key", envvar="RSTAR2_JUDGE_API_KEY", default=None, help="arena_hard: the judge's API "
                  "key (or $RSTAR2_JUDGE_API_KEY)."),
+    click.option("--gpqa-extraction", type=click.Choice(list(GPQA_EXTRACTIONS)), default=DEFAULT_GPQA_EXTRACTION,
+                 show_default=True, help="gpqa_diamond: how the letter is asked for and read. ours: our prompt "
+                 "(\\boxed{X}, after the math-problem instruction), a boxed or stated letter, the last; simple-evals: "
+                 "simple-evals' prompt alone ('Answer: $LETTER' as the last line) and its regex, the first 'Answer: X' "
+                 "(none: wrong). Another extraction is another run."),
     click.option("--concurrency", type=click.IntRange(1), default=64, show_default=True, help="Samples in flight."),
     click.option("--retries", type=click.IntRange(0), default=3, show_default=True,
                  help="Retries of a sample whose engine or endpoint failed (with back-off)."),
@@ -163,7 +168,7 @@ def run_cmd(benchmarks, **o) -> None:
     async def go():
         store = Store(o["db"])
         await evaluate(names, source, cfg, store, o["run_name"], o["data_dir"], o["out"],
-                       benchmarks=get_benchmarks(names, o["categories"], judge_spec(o)))
+                       benchmarks=get_benchmarks(names, o["categories"], judge_spec(o), o["gpqa_extraction"]))
 
     run_async(go())
 
@@ -195,7 +200,7 @@ def paper_cmd(**o) -> None:
 
     async def go():
         return await run_paper(source, cfg, Store(o["db"]), o["run_name"], o["data_dir"], o["categories"], o["out"],
-                               judge=judge_spec(o))
+                               judge=judge_spec(o), gpqa_extraction=o["gpqa_extraction"])
 
     rows = run_async(go())
     console = wide_console()

@@ -105,7 +105,7 @@ async def evaluate(bench_names: list[str], source: ModelSource, cfg: EvalConfig,
         await sandbox.start()
         for bench in benches:
             bcfg = cfg.resolve(bench.defaults)
-            name = names[bench.name] = run_name or default_run_name(source, bcfg, bench.defaults)
+            name = names[bench.name] = run_name or default_run_name(source, bcfg, bench.defaults) + bench.run_tag()
             info = {"n": bcfg.n, "limit": bcfg.limit, "problems": len(problems[bench.name]), "engine": (
                 engine.name if engine else "chat-api"), "urls": source.urls, "replicas": source.replicas,
                 "data_dir": data_dir}

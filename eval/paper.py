@@ -26,7 +26,7 @@ from rich.table import Table
 from rstar2_agent.stats import t_quantile, wilson
 from rstar2_agent.store import Sample, Store
 
-from .benchmarks import JudgeSpec, get_benchmarks
+from .benchmarks import DEFAULT_GPQA_EXTRACTION, JudgeSpec, get_benchmarks
 from .report import BenchResult, bfcl_category, load
 from .runner import EvalConfig
 
@@ -160,14 +160,15 @@ def paper_table(rows: Sequence[PaperRow], title: str) -> Table:
 
 async def run_paper(source, cfg: EvalConfig, store: Store, run_name: str | None = None, data_dir: str | None = None,
                     categories: str = "all", out: str | None = None, console: Console | None = None,
-                    engine=None, judge=None) -> list[PaperRow]:
+                    engine=None, judge=None, gpqa_extraction: str = DEFAULT_GPQA_EXTRACTION) -> list[PaperRow]:
     """Run (or resume) the paper's benchmarks, each with its own defaults where `cfg` leaves a setting None; a
     benchmark without data is skipped with the reason. Returns the rows, in PAPER_SCORES order."""
     from .harness import evaluate
 
     skipped: dict[str, str] = {}
     runs = await evaluate(list(PAPER_SCORES), source, cfg, store, run_name, data_dir, out, console,
-                          benchmarks=get_benchmarks(list(PAPER_SCORES), categories, judge), engine=engine,
+                          benchmarks=get_benchmarks(list(PAPER_SCORES), categories, judge, gpqa_extraction),
+                          engine=engine,
                           skipped=skipped)
     rows = []
     for bench in PAPER_SCORES:

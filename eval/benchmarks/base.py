@@ -93,6 +93,10 @@ class Benchmark:
         """Settings of the benchmark's own that its results depend on (a judge, the checker), stored with the run's."""
         return {"checker": self.checker} if self.checker else {}
 
+    def run_tag(self) -> str:
+        """The default run name's tail for settings of the benchmark's own that differ from its default ("": none)."""
+        return ""
+
     async def close(self) -> None:
         """Release what the benchmark opened for a run (a judge's client)."""
 
