@@ -126,6 +126,10 @@ class SFTConfig:
     # forward passes, micro_batch rows each, however many that takes (grad_accum is then unused). 0: a step is
     # micro_batch x grad_accum x processes packed rows, each holding several examples
     batch_examples: int = 0
+    # pack the examples of a row with their common leading tokens (the system prompt and tool list) once: the same
+    # loss and gradients in fewer tokens (data/chat_data.py). Without batch_examples a row then holds more examples,
+    # so a step of micro_batch x grad_accum rows is a larger batch
+    share_prefix: bool = False
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -69,7 +69,7 @@ class SFTRun:
             raise ValueError(f"batch_examples is a number of examples per step (0: packed rows per step), not "
                              f"{cfg.batch_examples!r}")
         self.examples = examples
-        self.rows = [] if cfg.batch_examples else pack(examples, cfg.seq_len, cfg.seed)
+        self.rows = [] if cfg.batch_examples else pack(examples, cfg.seq_len, cfg.seed, cfg.share_prefix)
         self.learner_init = (str(last) if last else resolved.path)
         self.base_spec = resolved.spec
         self.last = last
@@ -121,7 +121,7 @@ class SFTRun:
         if not self.cfg.batch_examples:
             return step_rows(self.rows, step, self.per_step, self.cfg.seed)
         examples = step_rows(self.examples, step, self.per_step, self.cfg.seed)
-        return pack(examples, self.cfg.seq_len, self.cfg.seed * 1000003 + step)
+        return pack(examples, self.cfg.seq_len, self.cfg.seed * 1000003 + step, self.cfg.share_prefix)
 
     def save(self, learner: TorchLearner) -> Path:
         return save_checkpoint(learner, self.cfg, "sft", learner.step, self.base_spec.context_length)

@@ -91,6 +91,38 @@ def test_packed_rows_give_each_example_its_own_logits(smol, fmt):
     assert (labels != -100).sum() == sum(sum(ex.mask) for ex in rows[0].docs)
 
 
+def test_a_shared_prefix_gives_the_same_loss_and_gradients_in_fewer_tokens(tiny_smollm2, fmt):
+    """`share_prefix` packs the examples' common leading tokens (the system prompt and tool list) once: the summed
+    loss over the targets and every parameter's gradient equal those of the same examples packed apart."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_smollm2, dtype=torch.float32)
+    examples = load_examples(fmt, conversations(7, 4), max_len=2048)
+    apart, shared = pack(examples, 8192, seed=0), pack(examples, 8192, seed=0, share_prefix=True)
+    assert len(shared) == 1 and len(shared[0].docs) == 4 and shared[0].prefix > 100
+    system = fmt.decode(examples[0].ids[:shared[0].prefix])
+    assert "<tools>" in system and not any(m for ex in examples for m in ex.mask[:shared[0].prefix])
+    assert shared[0].length == apart[0].length - 3 * shared[0].prefix
+
+    def loss_and_grads(rows):
+        model.zero_grad()
+        batch = collate(rows, 0)
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=batch["attention_mask"]).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                 batch["labels"][:, 1:].reshape(-1), reduction="sum")
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (loss_a, grads_a), (loss_s, grads_s) = loss_and_grads(apart), loss_and_grads(shared)
+    assert loss_s == pytest.approx(loss_a, rel=1e-5)
+    for name, g in grads_a.items():
+        assert torch.allclose(grads_s[name], g, rtol=1e-4, atol=1e-6), name
+    # the first target's prediction stays in the example's own part: a prefix never reaches it
+    batch = collate(shared, 0)
+    assert (batch["labels"][0, :shared[0].prefix + 1] == -100).all()
+
+
 def test_converters_on_each_format():
     glaive = converters.glaive_v2({
         "system": 'SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -'

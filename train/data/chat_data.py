@@ -176,47 +176,85 @@ def load_examples(fmt: ChatFormat, records: list[dict[str, Any]], max_len: int, 
 
 @dataclass
 class Row:
-    """One packed training row: several examples end to end."""
+    """One packed training row: several examples end to end. With a shared prefix (`prefix` > 0) the first
+    `prefix` tokens of every example are the same and hold no target (a conversation's system prompt and tool
+    list): the row holds them once, and each example holds only the rest, attending to the prefix and itself."""
     docs: list[Example]
+    prefix: int = 0
 
     @property
     def length(self) -> int:
-        return sum(len(d.ids) for d in self.docs)
+        return self.prefix + sum(len(d.ids) - self.prefix for d in self.docs)
 
 
-def pack(examples: list[Example], seq_len: int, seed: int) -> list[Row]:
-    """First-fit packing of the examples (in a seeded order) into rows of at most seq_len tokens."""
+def shareable(ex: Example) -> int:
+    """How many leading tokens of `ex` a shared prefix may take: those before the token that precedes the first
+    target (the target's prediction is made at the token before it, which must sit in the example's own part)."""
+    first = next((i for i, m in enumerate(ex.mask) if m), len(ex.ids))
+    return max(0, first - 1)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a[:limit], b[:limit], strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def pack(examples: list[Example], seq_len: int, seed: int, share_prefix: bool = False) -> list[Row]:
+    """First-fit packing of the examples (in a seeded order) into rows of at most seq_len tokens. With
+    `share_prefix`, the examples of a row share their common leading tokens (see Row): the same loss and gradients
+    as the examples packed apart (each still sees its whole prompt at the same positions), fewer tokens computed;
+    a tool-use conversation is mostly its system prompt."""
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     rows: list[Row] = []
     for i in order:
         ex = examples[i]
-        row = next((r for r in rows if r.length + len(ex.ids) <= seq_len), None)
-        if row is None:
-            rows.append(Row([ex]))
-        else:
-            row.docs.append(ex)
+        placed = False
+        for row in rows:
+            prefix = common_prefix(row.docs[0].ids, ex.ids, min(row.prefix, shareable(ex))) if share_prefix else 0
+            length = prefix + sum(len(d.ids) - prefix for d in row.docs) + len(ex.ids) - prefix
+            if length <= seq_len:
+                row.docs.append(ex)
+                row.prefix = prefix
+                placed = True
+                break
+        if not placed:
+            rows.append(Row([ex], shareable(ex) if share_prefix else 0))
     return rows
 
 
+SHARED = -2  # the doc index of a row's shared prefix in collate's mask
+
+
 def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids, labels (-100 off target), position_ids restarting per example, and a (B, 1, L, L) boolean
-    block-diagonal causal attention mask so packed examples do not see each other."""
+    """input_ids, labels (-100 off target), position_ids restarting per example (continuing after a shared
+    prefix), and a (B, 1, L, L) boolean block-diagonal causal attention mask so packed examples do not see each
+    other; every example sees its row's shared prefix."""
     width = max(r.length for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     doc = torch.full((len(rows), width), -1, dtype=torch.long)
     for b, row in enumerate(rows):
-        at = 0
+        at = p = row.prefix if len(row.docs) > 1 else 0
+        if p:
+            ids[b, :p] = torch.tensor(row.docs[0].ids[:p])
+            pos[b, :p] = torch.arange(p)
+            doc[b, :p] = SHARED
         for d, ex in enumerate(row.docs):
-            n = len(ex.ids)
-            ids[b, at:at + n] = torch.tensor(ex.ids)
-            labels[b, at:at + n] = torch.where(torch.tensor(ex.mask, dtype=torch.bool), torch.tensor(ex.ids), -100)
-            pos[b, at:at + n] = torch.arange(n)
+            n = len(ex.ids) - p
+            ids[b, at:at + n] = torch.tensor(ex.ids[p:])
+            labels[b, at:at + n] = torch.where(torch.tensor(ex.mask[p:], dtype=torch.bool), torch.tensor(ex.ids[p:]),
+                                               -100)
+            pos[b, at:at + n] = torch.arange(p, p + n)
             doc[b, at:at + n] = d
             at += n
     causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
-    mask = (doc[:, :, None] == doc[:, None, :]) & causal & (doc[:, :, None] >= 0)
+    same = (doc[:, :, None] == doc[:, None, :]) | ((doc[:, None, :] == SHARED) & (doc[:, :, None] >= 0))
+    mask = same & causal & (doc[:, :, None] != -1)
     mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no all-masked rows)
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask[:, None]}
