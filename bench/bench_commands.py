@@ -116,9 +116,10 @@ def sandbox_cmd(quick: bool, workers: int | None, json_path: str | None) -> None
 @click.option("--seed", type=int, default=0, show_default=True, help="The corpus is a function of the seed.")
 @click.option("--cases", type=click.IntRange(1), default=5000, show_default=True, help="Cases per checker.")
 def conformance_cmd(json_path: str | None, seed: int, cases: int) -> None:
-    """Each checker's verdicts against the official implementation's (BFCL AST, BFCL raw decoding, IFEval, GPQA: ours
-    and ours under --gpqa-extraction simple-evals), the official packages in venvs of their own under
-    $RSTAR2_HOME/conformance (built once). Exits 1 on a disagreement that is not a documented difference."""
+    """Each checker's verdicts against the official implementation's (BFCL AST, BFCL raw decoding as a single-turn
+    answer and as a multi-turn step, IFEval, GPQA: ours and ours under --gpqa-extraction simple-evals), the official
+    packages in venvs of their own under $RSTAR2_HOME/conformance (built once). Exits 1 on a disagreement that is not
+    a documented difference."""
     from rich.console import Console
     from rich.table import Table
 

@@ -2,11 +2,13 @@
 
 The official packages go in venvs of their own under $RSTAR2_HOME/conformance (built once, pinned: OFFICIAL), so
 their pins never touch the product's. A seeded corpus per checker (BFCL AST: mutations of the calls that bfcl-eval's
-bundled possible answers describe; BFCL raw decoding: raw-text variants of those calls; IFEval: synthesized responses
-to the IFEval prompts; GPQA: answers in the forms models write) is run by the official code in its venv
-(bench/conformance_official.py, JSONL in and out) and by ours in-process. Every disagreement is classified;
-a class in EXPLAINED is a documented difference, anything else fails the run. GPQA is compared twice: our own reading
-(row gpqa) and our code under `--gpqa-extraction simple-evals` (row gpqa_simple_evals), which must agree on every case.
+bundled possible answers describe; BFCL raw decoding: raw-text variants of those calls, read by the handler's
+`decode_ast` (single-turn, row bfcl_decode) and its `decode_execute` (multi-turn, row bfcl_execute); IFEval:
+synthesized responses to the IFEval prompts; GPQA: answers in the forms models write) is run by the official code in
+its venv (bench/conformance_official.py, JSONL in and out) and by ours in-process. Every disagreement is classified;
+a class in EXPLAINED is a documented difference, anything else fails the run. GPQA is compared twice: our own
+reading (row gpqa) and our code under `--gpqa-extraction simple-evals` (row gpqa_simple_evals), which must agree on
+every case.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ EXPLAINED = {
                                 "random.choice(string.ascii_letters), in lm-eval's copy and in ours: a coin toss"},
 }
 
-# What the report compares: (its row, the case kind, GPQA's extraction). GPQA twice: our own reading, whose
+# What the report compares: (its row, the case kind, our variant). BFCL's raw text twice: as a single-turn answer
+# (decode_ast) and as a multi-turn step (decode_execute, variant "execute"). GPQA twice: our own reading, whose
 # differences are the documented ones above, and our code under --gpqa-extraction simple-evals, which has none.
-CHECKERS = [("bfcl_ast", "bfcl_ast", "ours"), ("bfcl_decode", "bfcl_decode", "ours"), ("ifeval", "ifeval", "ours"),
-            ("gpqa", "gpqa", "ours"), ("gpqa_simple_evals", "gpqa", "simple-evals")]
+CHECKERS = [("bfcl_ast", "bfcl_ast", "ours"), ("bfcl_decode", "bfcl_decode", "ours"),
+            ("bfcl_execute", "bfcl_decode", "execute"), ("ifeval", "ifeval", "ours"), ("gpqa", "gpqa", "ours"),
+            ("gpqa_simple_evals", "gpqa", "simple-evals")]
 
 
 # ------------------------------------------------------------------------------------------ the official venvs
@@ -305,9 +309,15 @@ def gpqa_cases(rng: random.Random, n: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ ours, and the comparison
-def ours(case: dict, gpqa_extraction: str = "ours") -> dict:
-    """Our verdict on a case; GPQA's letter read as the benchmark reads it under `gpqa_extraction`."""
+def ours(case: dict, variant: str = "ours") -> dict:
+    """Our verdict on a case. `variant`: for BFCL's raw text, "execute" reads it as a multi-turn step (the calls our
+    multi-turn path runs, written as BFCL writes them to execute them); for GPQA, the --gpqa-extraction."""
     kind = case["kind"]
+    if kind == "bfcl_decode" and variant == "execute":
+        from rstar2_agent.eval.benchmarks.bfcl_v3 import step_calls
+        from rstar2_agent.eval.benchmarks.bfcl_v3.multi_turn import Call
+
+        return {"executed": [Call(c.name, (), c.arguments).text() for c in step_calls(case["text"])]}
     if kind == "bfcl_ast":
         from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import CRASH, check_ast
 
@@ -326,7 +336,7 @@ def ours(case: dict, gpqa_extraction: str = "ours") -> dict:
                 "inst_strict": [r.strict for r in rs], "inst_loose": [r.loose for r in rs]}
     from rstar2_agent.eval.benchmarks.gpqa_diamond import GPQA_EXTRACTIONS
 
-    return {"letter": GPQA_EXTRACTIONS[gpqa_extraction].read(case["response"])}
+    return {"letter": GPQA_EXTRACTIONS[variant].read(case["response"])}
 
 
 def compare(case: dict, mine: dict, official: dict) -> str | None:
@@ -338,6 +348,13 @@ def compare(case: dict, mine: dict, official: dict) -> str | None:
         if mine["valid"] != official["valid"]:
             return f"verdict:{official['error_type'] or 'valid'}->{mine['error_type'] or 'valid'}"
         return None
+    if kind == "bfcl_decode" and "executed" in mine:  # a raise or an empty list: no call, the turn ends
+        if "raises" in official:
+            return "official_raises"
+        theirs = [] if official["executed"] is None or official["execute_empty"] else official["executed"]
+        if mine["executed"] == theirs:
+            return None
+        return "official_no_call" if not theirs else "ours_no_call" if not mine["executed"] else "different_calls"
     if kind == "bfcl_decode":
         if "raises" in official or official.get("decoded") is None:
             return None if mine["error"] is not None else "official_fails_ours_decodes"
@@ -388,14 +405,14 @@ def conformance(seed: int = 0, n: int = 5000, home: Path | None = None) -> dict[
     cases = corpus(seed, n)
     official = run_official(cases, home)
     report: dict[str, Any] = {"seed": seed, "versions": official_versions(home), "benchmarks": {}}
-    for label, kind, extraction in CHECKERS:
+    for label, kind, variant in CHECKERS:
         rows = [(c, o) for c, o in zip(cases, official, strict=True) if c["kind"] == kind]
         classes: Counter[str] = Counter()
         examples: dict[str, dict] = {}
         raises = 0
         for case, theirs in rows:
             raises += "raises" in theirs
-            cls = compare(case, ours(case, extraction), theirs)
+            cls = compare(case, ours(case, variant), theirs)
             if cls:
                 classes[cls] += 1
                 examples.setdefault(cls, {"id": case["id"], "case": {k: v for k, v in case.items()
@@ -439,3 +456,22 @@ def bfcl_fixture(path: Path, seed: int = 52) -> None:
                "ast": [row(ast[i], oa[i]) for i in chosen],
                "decode": [{"text": c["text"], "official": o.get("decoded")} for c, o in zip(dec, od, strict=False)]}
     path.write_text(json.dumps(fixture, separators=(",", ":")))
+
+
+def bfcl_execute_fixture(path: Path, seed: int = 53, n: int = 300) -> None:
+    """tests/data/bfcl_official_execute.json: `n` raw-text cases with what bfcl-eval's `QwenFCHandler.decode_execute`
+    makes of them (the call strings a multi-turn step executes; null where it raises): every case among 3,000 where
+    it and `decode_ast` differ on failing, 40 where it raises, 40 with several calls, the rest at random."""
+    rng = random.Random(seed)
+    cases = bfcl_decode_cases(rng, 3000, bfcl_items())
+    official = run_official(cases)
+    differ = [i for i, o in enumerate(official) if (o["decoded"] is None) != (o["executed"] is None)]
+    raises = [i for i, o in enumerate(official) if o["executed"] is None and i not in differ][:40]
+    several = [i for i, o in enumerate(official) if len(o["executed"] or []) > 1 and i not in differ][:40]
+    rest = [i for i in range(len(cases)) if i not in {*differ, *raises, *several}]
+    random.Random(0).shuffle(rest)
+    chosen = sorted({*differ, *raises, *several, *rest[: n - len(differ) - len(raises) - len(several)]})
+    about = (f"Raw text -> bfcl-eval 2025.6.8's QwenFCHandler.decode_execute after the </think> split: the call "
+             f"strings, or null when it raises (bench/conformance.py bfcl_execute_fixture, seed {seed})")
+    rows = ",\n".join(json.dumps({"text": cases[i]["text"], "official": official[i]["executed"]}) for i in chosen)
+    path.write_text(f'{{"about": {json.dumps(about)},\n"execute": [\n{rows}\n]}}\n')  # a case a line

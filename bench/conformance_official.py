@@ -1,11 +1,12 @@
 """The official side of `rstar2 bench conformance`: run in the official packages' own venv (never imported by the
 product), it reads cases as JSONL on stdin and writes one verdict per line on stdout, in order.
 
-Case kinds: "bfcl_ast" (bfcl-eval's `ast_checker`), "bfcl_decode" (bfcl-eval's Qwen function-calling handler:
-the `</think>` split of `_parse_query_response_prompting`, then `decode_ast`, then `is_function_calling_format_output`
-for AST categories, `is_empty_output` for relevance), "ifeval" (lm-eval's copy of Google's checker,
-`lm_eval.tasks.ifeval.utils.process_results`), "gpqa" (simple-evals' `ANSWER_PATTERN_MULTICHOICE`, written out
-here: simple-evals is not a package). A case the official code raises on is reported as {"raises": ...}.
+Case kinds: "bfcl_ast" (bfcl-eval's `ast_checker`), "bfcl_decode" (bfcl-eval's Qwen function-calling handler: the
+`</think>` split of `_parse_query_response_prompting`, then `decode_ast`, then `is_function_calling_format_output`
+for AST categories, `is_empty_output` for relevance; and, on the same text, the handler's `decode_execute`, the call
+strings the multi-turn categories execute, with `is_empty_execute_response`), "ifeval" (lm-eval's copy of Google's
+checker, `lm_eval.tasks.ifeval.utils.process_results`), "gpqa" (simple-evals' `ANSWER_PATTERN_MULTICHOICE`, written
+out here: simple-evals is not a package). A case the official code raises on is reported as {"raises": ...}.
 """
 
 import json
@@ -26,20 +27,26 @@ def bfcl_ast(case: dict) -> dict:
 
 
 def bfcl_decode(case: dict) -> dict:
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import is_empty_execute_response
     from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
     from bfcl_eval.utils import is_empty_output, is_function_calling_format_output
 
     text = case["text"]
     if "</think>" in text:  # _parse_query_response_prompting: what follows the reasoning is the response
         text = text.split("</think>")[-1].lstrip("\n")
-    handler = QwenFCHandler.__new__(QwenFCHandler)  # decode_ast reads no state
+    handler = QwenFCHandler.__new__(QwenFCHandler)  # decode_ast and decode_execute read no state
     try:
         decoded = handler.decode_ast(text, case.get("language", "Python"))
+        out = {"decoded": [[k, v] for item in decoded for k, v in item.items()],  # a name need not be a string
+               "format_ok": is_function_calling_format_output(decoded), "empty": bool(is_empty_output(decoded))}
     except Exception as e:  # noqa: BLE001 - ast_file_runner: "ast_decoder:decoder_failed"
-        return {"decoded": None, "error": f"{type(e).__name__}: {e}"}
-    pairs = [[k, v] for item in decoded for k, v in item.items()]  # a name need not be a string
-    return {"decoded": pairs, "format_ok": is_function_calling_format_output(decoded),
-            "empty": bool(is_empty_output(decoded))}
+        out = {"decoded": None, "error": f"{type(e).__name__}: {e}"}
+    try:  # inference_multi_turn_prompting: a raise or an empty list ends the turn; multi_turn_runner skips the step
+        executed = handler.decode_execute(text)
+        out |= {"executed": executed, "execute_empty": bool(is_empty_execute_response(executed))}
+    except Exception as e:  # noqa: BLE001
+        out |= {"executed": None, "execute_error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 def ifeval(case: dict) -> dict:

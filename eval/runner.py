@@ -18,6 +18,7 @@ from typing import Any
 from rstar2_agent.agent import AgentConfig, run_agent
 from rstar2_agent.engines.base import SamplingParams
 from rstar2_agent.store import Store, sample_row
+from rstar2_agent.tool_calls import ToolCall
 
 from .benchmarks import Benchmark, Context, Problem, RunDefaults
 
@@ -86,13 +87,29 @@ class Progress:
     skipped: int = 0  # already in the store
 
 
+class ReadCalls:
+    """`fmt` with a benchmark's own reading of a turn's calls in place of the format's parser (BFCL's multi-turn
+    steps are read as its leaderboard's handler reads them): `read(text)` -> the calls to run, none to end."""
+
+    def __init__(self, fmt: Any, read: Callable[[str], list[ToolCall]]):
+        self._fmt, self._read = fmt, read
+
+    def parse(self, text: str, max_calls: int, tools: list[dict[str, Any]] | None = None) -> list[ToolCall]:
+        return self._read(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fmt, name)
+
+
 def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=None):
     """ctx.agent: the core's token-level loop on `engine`, or the client-side chat-API loop."""
     base = cfg.agent_config()
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True):
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True,
+                    read_calls=None):
         """`problem_prefix=False`: messages in a benchmark's own prompt, without the rStar2 templates' math-problem
-        instruction (over a chat API: asked of the server's template, chat_api.py)."""
+        instruction (over a chat API: asked of the server's template, chat_api.py). `read_calls`: a benchmark's
+        reading of the raw text's calls (ReadCalls); over a chat API the server has read them (its tool_calls)."""
         acfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, seed=seed))
         if max_turns is not None:
             acfg.max_turns = max_turns
@@ -102,7 +119,8 @@ def make_agent(cfg: EvalConfig, engine=None, fmt=None, sandbox=None, chat_agent=
             return await chat_agent(prompt, acfg, tools=tools, seed=seed, execute=execute,
                                     problem_prefix=problem_prefix)
         ids = None if problem_prefix else fmt.render_prompt(prompt, tools, problem_prefix=False)
-        return await run_agent(prompt, engine, sandbox, fmt, acfg, tools=tools, execute=execute, prompt_ids=ids)
+        loop_fmt = fmt if read_calls is None else ReadCalls(fmt, read_calls)
+        return await run_agent(prompt, engine, sandbox, loop_fmt, acfg, tools=tools, execute=execute, prompt_ids=ids)
 
     return agent
 

@@ -53,9 +53,9 @@ class Outcome:
 
 
 # Runs the agent on a problem text or on messages, with these tools (None: the Python tool; []: none) and this
-# sampling seed; max_turns, execute (runs non-Python calls) and max_calls (calls answered a turn; None: the
-# format's cap) as a benchmark needs. The harness builds it: the core's token-level loop, or the client-side
-# chat-API loop.
+# sampling seed; max_turns, execute (runs non-Python calls), max_calls (calls answered a turn; None: the
+# format's cap) and read_calls (text -> the turn's calls, in place of the format's parser) as a benchmark needs.
+# The harness builds it: the core's token-level loop, or the client-side chat-API loop.
 AgentFn = Callable[..., Awaitable[Trajectory]]
 
 

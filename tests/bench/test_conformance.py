@@ -39,3 +39,19 @@ def test_disagreements_are_classified():
     assert conf.compare(case, conf.ours(case), {"decoded": []}) is None
     assert conf.compare(case, conf.ours(case), {"decoded": [["f", {}]]}) == "different_calls"
     assert conf.compare({"kind": "bfcl_ast"}, {"valid": True}, {"raises": "KeyError"}) == "official_raises_ours_passes"
+
+
+def test_a_multi_turn_step_is_compared_as_the_call_strings_bfcl_executes():
+    """Row bfcl_execute: the same raw text read as a multi-turn step (decode_execute); a raise and an empty list are
+    both no call (the turn ends)."""
+    text = '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": [1, \\"a\\"]}"}\n</tool_call>'  # arguments: a string
+    case = {"kind": "bfcl_decode", "text": text}
+    mine = conf.ours(case, "execute")
+    assert mine == {"executed": ["f(x=[1, 'a'])"]}
+    assert conf.compare(case, mine, {"executed": ["f(x=[1, 'a'])"], "execute_empty": False}) is None
+    assert conf.compare(case, mine, {"executed": None, "execute_error": "KeyError"}) == "official_no_call"
+    assert conf.compare(case, mine, {"executed": ["f(x=[1])"], "execute_empty": False}) == "different_calls"
+    none = {"kind": "bfcl_decode", "text": "<tool_call>[1]</tool_call>"}
+    assert conf.compare(none, conf.ours(none, "execute"), {"executed": None}) is None
+    assert conf.compare(none, conf.ours(none, "execute"), {"executed": [], "execute_empty": True}) is None
+    assert ("bfcl_execute", "bfcl_decode", "execute") in conf.CHECKERS

@@ -18,6 +18,7 @@ from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3, continuation, tool_sche
 from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import standardize  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3.multi_turn import Call, World, parse_call  # noqa: E402
+from rstar2_agent.eval.runner import ReadCalls  # noqa: E402
 from rstar2_agent.trajectory import ToolCallRecord, Trajectory, Turn  # noqa: E402
 
 from conftest import ScriptedEngine  # noqa: E402
@@ -231,21 +232,27 @@ def test_tool_schemas_follow_bfcl():
 
 # ------------------------------------------------------------------------------------------ the benchmark
 class FakeAgent:
-    """Stands in for ctx.agent: writes the calls a script gives for each agent call, running them through
-    `execute` the way the agent loop does, and records what it was asked."""
+    """Stands in for ctx.agent: writes the calls a script gives for each agent call (read back by the benchmark's
+    `read_calls` when it gives one, as the agent loop reads them), running them through `execute` the way the
+    agent loop does, and records what it was asked."""
 
     def __init__(self, script):
         self.script, self.requests = script, []
 
     async def __call__(self, messages, tools=None, seed=None, max_turns=None, execute=None, max_calls=None,
-                       problem_prefix=True):
+                       problem_prefix=True, read_calls=None):
         self.requests.append({"messages": copy.deepcopy(messages), "tools": tools, "max_turns": max_turns,
-                              "max_calls": max_calls, "problem_prefix": problem_prefix})
+                              "max_calls": max_calls, "problem_prefix": problem_prefix, "read_calls": read_calls})
+        calls = self.script(len(self.requests) - 1, tools)
+        text = "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>\n"  # Qwen's form
+                       for n, a in calls)
+        if read_calls is not None:
+            calls = [(c.name, c.arguments) for c in read_calls(text)]
         records = []
-        for k, (name, args) in enumerate(self.script(len(self.requests) - 1, tools)):
+        for k, (name, args) in enumerate(calls):
             raw = json.dumps({"name": name, "arguments": args})
             rec = ToolCallRecord(turn=0, id=f"c{k}", name=name, arguments=args,
-                                 raw=f"<tool_call>\n{raw}\n</tool_call>\n")  # the form BFCL's Qwen handler reads
+                                 raw=f"<tool_call>\n{raw}\n</tool_call>\n")
             rec.response = await execute(name, args) if execute else ""
             records.append(rec)
         turns = [Turn("".join(r.raw for r in records) + "<|im_end|>", 5, "stop", records)]
@@ -331,10 +338,12 @@ def real_loop_context(tokenizer, texts: list[str], format: str = "hermes") -> tu
 
     engine, fmt = ScriptedEngine(tokenizer, texts), ChatFormat(tokenizer, format)
 
-    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True):
+    async def agent(prompt, tools=None, seed=None, max_turns=None, execute=None, max_calls=None, problem_prefix=True,
+                    read_calls=None):
         cfg = AgentConfig(max_turns=max_turns or 30, max_calls_per_turn=max_calls)
         ids = fmt.render_prompt(prompt, tools, problem_prefix=problem_prefix)
-        return await run_agent(prompt, engine, None, fmt, cfg, tools=tools, execute=execute, prompt_ids=ids)
+        loop_fmt = fmt if read_calls is None else ReadCalls(fmt, read_calls)  # as eval/runner.py's make_agent
+        return await run_agent(prompt, engine, None, loop_fmt, cfg, tools=tools, execute=execute, prompt_ids=ids)
 
     return Context(agent=agent, math_grader=None, seed=0, extra={"fmt": fmt}), engine
 
@@ -370,3 +379,45 @@ async def test_real_loop_single_and_multi_turn_with_a_scripted_engine(smol_token
     assert out.correct, out.details["error"]
     assert not engine.texts and all(t["stop_reason"] == "no_tool_call" for t in out.details["turns"])
     assert json.loads(out.details["turns"][0]["results"][0]) == {"current_working_directory": "document"}
+
+
+def qwen(calls: list[tuple[str, dict]], **extra) -> str:
+    """The calls as Qwen's handler reads them, each JSON object with `extra` fields beside name and arguments."""
+    return "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": a, **extra})}\n</tool_call>\n' for n, a in calls)
+
+
+@pytest.mark.slow
+async def test_real_loop_multi_turn_steps_run_what_decode_execute_reads(smol_tokenizer):
+    """A multi-turn step's calls are the ones bfcl_eval's decode_execute reads from its raw text, whatever the
+    format's own parser would make of it: a call with a field besides name and arguments (which our parser refuses)
+    runs; arguments given as a JSON string run; after the reasoning only; a step it cannot read ends the turn."""
+    bench = BFCLv3(["multi_turn_base"])
+    problem = bench.load(limit=1)[0]
+    item = items("multi_turn_base")[0]
+    world = World(item["involved_classes"], item["initial_config"])
+    truth = [[(c.name, _as_kwargs(world, c)) for c in turn] for turn in ground_truth_calls(item)]
+    assert all(truth)
+
+    def step(k: int, calls: list[tuple[str, dict]]) -> str:
+        if k % 2:  # arguments as a JSON string: decode_execute json.loads them (decode_ast would fail)
+            return "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": json.dumps(a)})}\n</tool_call>\n'
+                           for n, a in calls)
+        return '<think>\n<tool_call>\n{"name": "mkdir", "arguments": {"dir_name": "x"}}\n</tool_call>\n</think>\n\n' + \
+            qwen(calls, id=k)
+
+    texts = [t for k, turn in enumerate(truth) for t in (step(k, turn), "Done.")]
+    ctx, engine = real_loop_context(smol_tokenizer, texts)
+    out = await bench.run(problem, 0, ctx)
+    assert out.correct, out.details["error"]
+    assert not engine.texts and [[c["name"] for c in t["calls"]] for t in out.details["turns"]] == \
+        [[n for n, _ in turn] for turn in truth]
+
+    # the first turn's calls without the newlines Qwen's handler needs, then a JSON list: no call, the turn ends
+    for unread in ("".join(f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>" for n, a in truth[0]),
+                   qwen(truth[0]) + '<tool_call>\n[{"name": "ls"}]\n</tool_call>'):
+        texts = [unread] + [t for turn in truth[1:] for t in (qwen(turn), "Done.")]
+        ctx, engine = real_loop_context(smol_tokenizer, texts)
+        out = await bench.run(problem, 0, ctx)
+        assert not engine.texts and out.details["turns"][0]["calls"] == []
+        assert out.details["turns"][0]["stop_reason"] == "no_tool_call"
+        assert not out.correct and out.reason == "multi_turn:empty_turn_model_response"

@@ -1,5 +1,6 @@
-"""Our BFCL checker and raw decoder against bfcl-eval 2025.6.8's own verdicts, case by case (no network: the
-verdicts were recorded once by running the official code in its venv: bench/conformance.py `bfcl_fixture`)."""
+"""Our BFCL checker and raw decoders against bfcl-eval 2025.6.8's own verdicts, case by case (no network: the
+verdicts were recorded once by running the official code in its venv: bench/conformance.py `bfcl_fixture` and
+`bfcl_execute_fixture`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3, step_calls  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3 import data as bfcl  # noqa: E402
 from rstar2_agent.eval.benchmarks.bfcl_v3.ast_checker import CRASH, check_ast  # noqa: E402
-from rstar2_agent.eval.benchmarks.bfcl_v3.decode import decode  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.decode import decode, decode_execute, response_text  # noqa: E402
+from rstar2_agent.eval.benchmarks.bfcl_v3.multi_turn import Call  # noqa: E402
 from rstar2_agent.trajectory import Trajectory, Turn  # noqa: E402
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "data" / "bfcl_official_verdicts.json").read_text())
+EXECUTE = json.loads((Path(__file__).parents[1] / "data" / "bfcl_official_execute.json").read_text())["execute"]
 
 
 @cache
@@ -67,6 +70,36 @@ def test_every_raw_decoding_is_the_official_handlers():
             wrong.append((case["text"], case["official"], mine))
     assert not wrong, wrong[:5]
     assert sum(c["official"] is None for c in FIXTURE["decode"]) > 5  # the handler raises on some variants
+
+
+def test_every_multi_turn_step_runs_the_calls_of_the_official_decode_execute():
+    """What our multi-turn path runs for a step (step_calls, the agent loop's reading there), written as BFCL writes
+    calls to execute them: the official decode_execute's strings, in order; none where it raises or finds none."""
+    wrong = []
+    for case in EXECUTE:
+        mine = [Call(c.name, (), c.arguments).text() for c in step_calls(case["text"])]
+        if mine != (case["official"] or []):
+            wrong.append((case["text"], case["official"], mine))
+    assert not wrong, wrong[:5]
+    official = [c["official"] for c in EXECUTE]
+    assert sum(o is None for o in official) > 20 and sum(o == [] for o in official) > 20
+    assert sum(len(o or []) > 1 for o in official) > 20  # several calls a step, in order
+
+
+def test_the_decode_execute_port_raises_where_the_handler_raises():
+    for case in EXECUTE:
+        try:
+            got = decode_execute(response_text(case["text"]))
+        except Exception:  # noqa: BLE001
+            got = None
+        assert got == case["official"], case["text"]
+
+
+def test_decode_execute_reads_arguments_given_as_a_json_string_where_decode_ast_fails():
+    text = '<tool_call>\n{"name": "cd", "arguments": "{\\"folder\\": \\"doc\\"}"}\n</tool_call>'
+    assert decode(text).error and decode_execute(text) == ["cd(folder='doc')"]
+    assert [c.name for c in step_calls(text)] == ["cd"]
+    assert any(c["official"] and decode(c["text"]).error for c in EXECUTE)  # the fixture has such cases
 
 
 def _scripted(text: str):

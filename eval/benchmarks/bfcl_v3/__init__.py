@@ -7,8 +7,10 @@ them for function-calling models: a language hint in the description, BFCL types
 types, Java/JavaScript parameters as strings in the language's syntax, dots in names replaced by
 underscores (mapped back before checking). Single-turn items are one assistant turn, checked by AST match
 (or by whether a call was made, for relevance/irrelevance); multi-turn items run every user turn as one
-agent call that continues the conversation, its calls executed on the item's stateful APIs, then replayed
-and checked by state and response as BFCL does. Scoring: data.py, ast_checker.py and multi_turn.py beside this file.
+agent call that continues the conversation, each step's calls read as the handler's decode_execute reads them
+(step_calls: every call run, none when it fails, which ends the turn) and executed on the item's stateful APIs,
+then replayed and checked by state and response as BFCL does. Scoring: data.py, ast_checker.py and multi_turn.py
+beside this file.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rstar2_agent.tool_calls import ToolCall
 from rstar2_agent.trajectory import Trajectory, Turn
 
 from ..base import REASONING_BUDGET, Benchmark, Context, DataError, Outcome, Problem, RunDefaults, sample_seed
@@ -29,7 +32,7 @@ try:
 
     from . import data as bfcl
     from .ast_checker import Check
-    from .decode import decode, response_text
+    from .decode import decode, execute_calls, response_text
     from .multi_turn import Call, World
 except ImportError as e:  # bfcl-eval is not installed: the benchmark says how to get it when it is used
     bfcl = None  # type: ignore[assignment]
@@ -164,6 +167,17 @@ def merge(trajs: list[Trajectory]) -> Trajectory:
 CALLS_PER_TURN = 64
 
 
+def step_calls(text: str) -> list[ToolCall]:
+    """One step of a multi-turn conversation read as BFCL's inference loop reads it (decode.py): the calls of
+    `decode_execute` on the response after the reasoning, each one run (no schema check, no cap: BFCL evals them
+    all); none where it raises or finds none, which ends the user turn."""
+    try:
+        calls = execute_calls(response_text(text))
+    except Exception:  # noqa: BLE001 - inference_multi_turn_prompting: "Failed to decode ... Proceed to next turn"
+        return []
+    return [ToolCall(name if isinstance(name, str) else str(name), args, raw) for name, args, raw in calls]
+
+
 async def _not_executed(name: str, arguments: dict[str, Any]) -> str:
     return "(single-turn evaluation: the call is recorded, not run)"
 
@@ -179,9 +193,11 @@ class BFCLv3(Benchmark):
     # all the steps of one user turn together, where BFCL caps each step. max_turns is not used: single-turn items
     # get one assistant turn, multi-turn ones BFCL's 20 steps (+1) per user turn.
     defaults = RunDefaults(n=1, temperature=0.0, top_p=1.0, max_tokens=REASONING_BUDGET, max_turns=30)
-    checker = {"checker": "QwenFCHandler.decode_ast and ast_checker, ported (decode.py, ast_checker.py)",
+    checker = {"checker": "QwenFCHandler.decode_ast, decode_execute and ast_checker, ported (decode.py, "
+                          "ast_checker.py)",
                "official": "bfcl-eval 2025.6.8",
-               "conformance": "AST 5,000/5,000, raw decoding 5,000/5,000 (rstar2 bench conformance, seed 0)"}
+               "conformance": "AST 5,000/5,000, raw decoding 5,000/5,000, multi-turn decoding 5,000/5,000 "
+                              "(rstar2 bench conformance, seed 0)"}
 
     def __init__(self, categories: str | list[str] | tuple[str, ...] | None = None):
         self.categories = expand_categories(categories) if bfcl is not None else ()
@@ -264,7 +280,7 @@ class BFCLv3(Benchmark):
 
             messages += user
             traj = await ctx.agent(messages, tools=tools, max_turns=bfcl.MAX_STEPS + 1, execute=execute,
-                                   max_calls=CALLS_PER_TURN,
+                                   max_calls=CALLS_PER_TURN, read_calls=step_calls,
                                    seed=sample_seed(ctx.seed, f"{problem.id}/{t}", sample_index), problem_prefix=False)
             messages += continuation(traj, eos)
             trajs.append(traj)

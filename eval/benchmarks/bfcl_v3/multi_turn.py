@@ -27,6 +27,7 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_c
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
 
 from .ast_checker import Check
+from .decode import call_text
 
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")  # as bfcl_eval refuses them
 DETAIL_CHARS = 2000  # each state difference, as shown in the report
@@ -37,6 +38,10 @@ class Call:
     name: str
     args: tuple = ()
     kwargs: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        """The call as BFCL writes it to execute it (decode_execute's strings)."""
+        return call_text(self.name, self.kwargs or {}, self.args)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arguments": self.kwargs or {}, **({"args": list(self.args)} if self.args else {})}
