@@ -29,18 +29,38 @@ from .config import SFTConfig
 RECIPES = {DEFAULT_AGENT: "sft-smollm2-agent"}
 
 
-def model_key(cfg: SFTConfig) -> str:
-    """A hash of what the model is made from: the resolved recipe (`cfg` loaded with placeholders for where it is
-    written, so the key does not depend on them), the data as loaded (a generator's changed code changes it, not
-    only a changed recipe) and the base model's files (their names and sizes)."""
+# The code each generated source comes from (converters.py reads the `asks:N[:SEED]` spelling): a changed generator
+# makes other data from the same recipe, so another model. Hashing the code, not the data it makes, keeps every
+# start of chat and serve from generating the data again (the asks run each program to take its output).
+_DATA = Path(__file__).with_name("data")
+_CORE = Path(__file__).resolve().parents[1] / "rstar2_agent"
+GENERATORS = {"asks": [_DATA / "asks.py", _DATA / "converters.py", _CORE / "synthetic.py"],
+              "synthetic": [_DATA / "converters.py", _CORE / "synthetic.py"]}
+
+
+def data_digest(cfg: SFTConfig) -> str:
+    """What the recipe's data is made from: for generated sources (asks:, synthetic:) the sources and their
+    generators' code; for any other (a file, a hub set) the data as loaded."""
     from .data.sft_mix import load_mix
 
+    digest = hashlib.sha256(json.dumps(cfg.data).encode())
+    kinds = {source.split(":", 1)[0] for source in cfg.data}
+    if kinds <= GENERATORS.keys():
+        for path in sorted({p for kind in kinds for p in GENERATORS[kind]}):
+            digest.update(path.read_bytes())
+        return digest.hexdigest()
+    for part in load_mix(cfg.data, cfg.seed, cfg.on_bad_line, cfg.hub_dir):
+        digest.update(json.dumps(part.records, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def model_key(cfg: SFTConfig) -> str:
+    """A hash of what the model is made from: the resolved recipe (`cfg` loaded with placeholders for where it is
+    written, so the key does not depend on them), its data (data_digest) and the base model's files (their names and
+    sizes)."""
     base = Path(resolve_model(cfg.model).path)
     files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
-    data = hashlib.sha256()
-    for part in load_mix(cfg.data, cfg.seed, cfg.on_bad_line, cfg.hub_dir):
-        data.update(json.dumps(part.records, sort_keys=True, default=str).encode())
-    return hashlib.sha256(json.dumps([recipes.dump(cfg), data.hexdigest(), files]).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps([recipes.dump(cfg), data_digest(cfg), files]).encode()).hexdigest()[:12]
 
 
 def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,

@@ -7,6 +7,7 @@ converted base."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -46,9 +47,10 @@ def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_
     assert resolve_model(DEFAULT_AGENT).path == str(folder)  # the whole one is still the one used
 
 
-def test_the_key_follows_the_data_as_loaded_not_only_the_recipe(smol, monkeypatch):
-    """A generator whose code changed (here its phrasings) makes other data from the same recipe: another model."""
-    from rstar2_agent.train import recipe
+def test_the_key_follows_the_generators_code_and_a_file_sources_data(smol, monkeypatch, tmp_path):
+    """A generator whose code changed makes other data from the same recipe: another model (the key hashes the
+    generators' files, so a start of chat does not generate the data again); a file source's key follows its rows."""
+    from rstar2_agent.train import made_models, recipe
     from rstar2_agent.train.config import SFTConfig
     from rstar2_agent.train.data import asks
     from rstar2_agent.train.made_models import model_key
@@ -56,5 +58,19 @@ def test_the_key_follows_the_data_as_loaded_not_only_the_recipe(smol, monkeypatc
     cfg = recipe.load(SFTConfig, RECIPES[DEFAULT_AGENT], changes={"out": "OUT", "db": "DB", "data": ["asks:4:0"]})
     key = model_key(cfg)
     assert model_key(cfg) == key
-    monkeypatch.setattr(asks, "SUFFIXES", [" Answer with Python."])
-    assert model_key(cfg) != key
+    assert Path(asks.__file__).resolve() in [p.resolve() for p in made_models.GENERATORS["asks"]]
+    copy = tmp_path / "asks.py"
+    copy.write_bytes(Path(asks.__file__).read_bytes())
+    monkeypatch.setitem(made_models.GENERATORS, "asks", [copy])
+    same = model_key(cfg)
+    copy.write_text(copy.read_text().replace('" Use Python."', '" Answer with Python."', 1))
+    assert model_key(cfg) != same
+    rows = tmp_path / "rows.jsonl"
+    record = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    rows.write_text(json.dumps(record) + "\n")
+    on_file = recipe.load(SFTConfig, RECIPES[DEFAULT_AGENT], changes={"out": "OUT", "db": "DB",
+                                                                      "data": [str(rows)]})
+    file_key = model_key(on_file)
+    record["messages"][1]["content"] = "5"
+    rows.write_text(json.dumps(record) + "\n")
+    assert model_key(on_file) != file_key
