@@ -56,25 +56,48 @@ def running(argv: list[str], port: int, env: dict[str, str] | None = None, timeo
     """A server process, up and answering /health, ended with everything under it on the way out (on an error,
     SIGTERM or SIGINT too; and, through a FateShare, if this process is killed). Its log goes to `log` when given
     (kept, for a server that fails later in the run), else to a temporary file read only if it fails to start."""
+    with running_all([(argv, port, env, log)], timeout) as (url,):
+        yield url
+
+
+@contextlib.contextmanager
+def running_all(servers: list[tuple[list[str], int, dict[str, str] | None, str | Path | None]],
+                timeout: float = 300) -> Iterator[list[str]]:
+    """`running` for several servers ((argv, port, env, log) each): all are started at once, then each is awaited
+    on /health, so that their starts overlap; their URLs in order."""
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(_started(argv, port, env, log)) for argv, port, env, log in servers]
+        deadline = time.monotonic() + timeout
+        for up in started:
+            up(deadline, timeout)
+        yield [f"http://127.0.0.1:{port}" for _, port, _, _ in servers]
+
+
+@contextlib.contextmanager
+def _started(argv: list[str], port: int, env: dict[str, str] | None, log: str | Path | None):
+    """A server process started (not yet awaited), ended with everything under it on the way out; a function
+    that waits until it answers /health (until `deadline`) or raises, saying why."""
     # never an unread pipe: a server blocked writing its log would stall
     log_file = open(log, "w+b") if log else tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally)
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=log_file, start_new_session=True)
     fate = FateShare([proc.pid])
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
+
+    def up(deadline: float, timeout: float) -> None:
         while True:
             if proc.poll() is not None:
                 log_file.seek(0)
                 raise RuntimeError(f"{argv[:3]} exited: {log_file.read().decode(errors='replace')[-1500:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                    return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[:3]} did not start in {timeout:.0f} s")
             time.sleep(1)
-        yield url
+
+    try:
+        yield up
     finally:
         end_tree(proc.pid, grace=30)
         proc.wait()
@@ -185,8 +208,9 @@ def run_bench(model_path: str, concurrencies=(1, 16), max_tokens: int = 64, requ
                  "--disable-log-stats"]
     ours_argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--engine", "vllm", "--model", model_path,
                  "--served-model-name", "m", "--port", str(ours_port), "--max-concurrency", "64"]
-    with running(vllm_argv, vllm_port, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}) as theirs, \
-            running(ours_argv, ours_port) as ours:
+    # both start at once: their start-ups (imports, weights, vLLM's warm-up) overlap
+    with running_all([(vllm_argv, vllm_port, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "WARNING"}, None),
+                      (ours_argv, ours_port, None, None)]) as (theirs, ours):
         servers = [(VLLM_SERVER, theirs), (RSTAR2_SERVE, ours)]
         for k in range(rounds):
             for conc in concurrencies:
