@@ -84,15 +84,17 @@ def float64(learner: TorchLearner, on: bool = True):
 
 def response_logprobs(items: list[UpdateItem], order: list[list[UpdateItem]], per_batch: list[torch.Tensor],
                       packed: bool) -> dict[int, torch.Tensor]:
-    """Each trajectory's response-token logprobs (by its index in `items`) out of the micro-batches' [batch, width - 1]
-    tensors: packed rows hold the trajectories back to back, padded batches one per row."""
+    """Each trajectory's generated-token logprobs (by its index in `items`; its response mask's tokens, what the loss
+    reads and the chunked head computes) out of the micro-batches' [batch, width - 1] tensors: packed rows hold the
+    trajectories back to back, padded batches one per row."""
     out = {}
     for part, logp in zip(order, per_batch, strict=True):
         offset = 0
         for b, t in enumerate(part):
             p, r = len(t.prompt_ids), len(t.response_ids)
             row, start = (0, offset) if packed else (b, 0)
-            out[items.index(t)] = logp[row, start + p - 1:start + p + r - 1]
+            generated = torch.tensor(t.response_mask, dtype=torch.bool)
+            out[items.index(t)] = logp[row, start + p - 1:start + p + r - 1][generated]
             offset += p + r
     return out
 
@@ -103,10 +105,27 @@ def test_chunked_logprobs_and_entropy_equal_the_full_logits(learner):
     the full path's logprobs and entropy."""
     batch = micro_batches(trajectories(3), 3, pad_id=2)[0]
     got = {chunk: forward_logprobs(learner, batch, 0.7, chunk) for chunk in (0, 7)}
+    response = batch["mask"][:, 1:] > 0  # the chunked head runs there only (the test below)
     # fp32 logprobs of -1 to -20: the chunked head sums its matmuls in another order, some ulps apart (2.3e-5 seen
     # once), so a relative bound (about 32 ulps) beside the absolute one
-    torch.testing.assert_close(got[7][0], got[0][0], rtol=4e-6, atol=2e-5)
-    torch.testing.assert_close(got[7][1], got[0][1], rtol=2e-5, atol=1e-5)
+    torch.testing.assert_close(got[7][0][response], got[0][0][response], rtol=4e-6, atol=2e-5)
+    torch.testing.assert_close(got[7][1][response], got[0][1][response], rtol=2e-5, atol=1e-5)
+
+
+def test_the_update_runs_the_head_on_the_response_alone_with_the_same_logprobs(learner):
+    """The update's chunked head runs only where the next token is a generated one (what the loss and its metrics
+    read): there the logprobs and entropy are exactly those of the head over every position, and the prompt, the
+    tool output and the padding hold 0. Padded and packed micro-batches."""
+    items = trajectories(3)
+    for batch in (micro_batches(items, 3, pad_id=2)[0], micro_batches(items, 3, pad_id=2, tokens=200)[0]):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        response = batch["mask"][:, 1:] > 0
+        assert 0 < int(response.sum()) < response.numel()
+        with torch.no_grad():
+            every = learner.chunked_logprobs(inputs, 0.7, 7)
+            got = forward_logprobs(learner, batch, 0.7, 7)
+        for g, e in zip(got, every, strict=True):
+            assert torch.equal(g[response], e[response]) and not g[~response].any()
 
 
 @pytest.mark.parametrize("which,wide,tol", GRADIENTS)
@@ -122,7 +141,7 @@ def test_chunked_logprob_gradients_equal_the_full_logits(request, which, wide, t
         for chunk in (0, 7):
             learner.model.zero_grad(set_to_none=True)
             logp, _ = forward_logprobs(learner, batch, 0.7, chunk)
-            (logp * weights * batch["attention_mask"][:, 1:]).sum().backward()
+            (logp * weights * batch["mask"][:, 1:]).sum().backward()  # the positions the chunked head runs on
             grads[chunk] = {k: p.grad.clone() for k, p in learner.model.named_parameters()}
     assert "model.embed_tokens.weight" in grads[7]  # the tied head's gradient reaches the embedding
     assert_same_gradients(grads[7], grads[0], tol)

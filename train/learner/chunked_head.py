@@ -29,24 +29,26 @@ class ChunkedHead(torch.nn.Linear):
     instead, and the model's `logits` output holds those. One request at a time: the learner's forward passes run
     one after another, and the hf engine that may share the model never runs during an update."""
 
-    request: tuple[torch.Tensor, float, int] | None = None
+    request: tuple[torch.Tensor, float, int, torch.Tensor | None] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.request is None:
             return super().forward(hidden)
-        targets, temperature, chunk = self.request
+        targets, temperature, chunk, select = self.request
         logp, entropy = chunked_logprobs(hidden[:, :targets.size(1)], self.weight, self.bias, targets, temperature,
-                                         chunk)
+                                         chunk, select)
         return torch.stack([logp, entropy], -1)
 
     @contextlib.contextmanager
-    def targets(self, targets: torch.Tensor, temperature: float, chunk: int) -> Iterator[None]:
+    def targets(self, targets: torch.Tensor, temperature: float, chunk: int, select: torch.Tensor | None = None
+                ) -> Iterator[None]:
         """While open, the forward gives targets' [batch, width] logprobs under softmax(logits / temperature) and
         the entropy of that distribution (detached: a metric), `chunk` tokens at a time; position t of `targets`
-        is the token that follows position t of the input."""
+        is the token that follows position t of the input. With `select` ([batch, width], true where wanted) the
+        head runs on those positions only and the others hold 0."""
         if chunk < 1:
             raise ValueError(f"the logprob chunk must be at least 1 token, not {chunk!r}")
-        self.request = (targets, temperature, chunk)
+        self.request = (targets, temperature, chunk, select)
         try:
             yield
         finally:
@@ -66,22 +68,33 @@ def install(model: torch.nn.Module) -> ChunkedHead:
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                     temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float, chunk: int, select: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """([batch, width] logprob of each target, [batch, width] entropy) from [batch, width, hidden] states, the
     head `chunk` tokens at a time; with gradients on, each chunk is checkpointed so its logits live only while
-    that chunk is computed (forward, then again in the backward)."""
+    that chunk is computed (forward, then again in the backward). With `select` ([batch, width] booleans) only the
+    selected positions go through the head (an RL update reads the response's, not the prompt's or the padding's);
+    the others are 0."""
     batch, width = targets.shape
+    hidden, targets = hidden.reshape(batch * width, -1), targets.reshape(-1)
+    if select is not None:
+        where = select.reshape(-1).nonzero().squeeze(-1)
+        hidden, targets = hidden.index_select(0, where), targets.index_select(0, where)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logps, entropies = [], []
     # split, not slicing: its backward assembles the hidden states' gradient once, not one full-size tensor a chunk
-    for h, t in zip(hidden.reshape(batch * width, -1).split(chunk), targets.reshape(-1).split(chunk), strict=True):
+    for h, t in zip(hidden.split(chunk), targets.split(chunk), strict=True):
         if grad:
             logp, entropy = checkpoint(_chunk, h, weight, bias, t, temperature, use_reentrant=False)
         else:
             logp, entropy = _chunk(h, weight, bias, t, temperature)
         logps.append(logp)
         entropies.append(entropy)
-    return torch.cat(logps).view(batch, width), torch.cat(entropies).view(batch, width)
+    logp, entropy = torch.cat(logps), torch.cat(entropies)  # none selected: split still gives one empty chunk
+    if select is not None:
+        logp = logp.new_zeros(batch * width).index_copy(0, where, logp)
+        entropy = entropy.new_zeros(batch * width).index_copy(0, where, entropy)
+    return logp.view(batch, width), entropy.view(batch, width)
 
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,

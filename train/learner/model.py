@@ -175,14 +175,16 @@ class TorchLearner:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
             return self.model(**batch, use_cache=False).logits.float()
 
-    def chunked_logprobs(self, batch: dict[str, torch.Tensor], temperature: float, chunk: int
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    def chunked_logprobs(self, batch: dict[str, torch.Tensor], temperature: float, chunk: int,
+                         select: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's logprob of the next input token under softmax(logits / temperature) and that
         distribution's entropy, [batch, width - 1] each, the head `chunk` tokens at a time inside the model's forward
-        (chunked_head.py): no full-vocabulary logits."""
+        (chunked_head.py): no full-vocabulary logits. `select` ([batch, width - 1]): only those positions (the others
+        0)."""
         batch = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
+        select = None if select is None else select.to(self.device)
         with (torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded),
-              self.head.targets(batch["input_ids"][:, 1:], temperature, chunk)):
+              self.head.targets(batch["input_ids"][:, 1:], temperature, chunk, select)):
             out = self.model(**batch, use_cache=False).logits
         return out[..., 0], out[..., 1]
 

@@ -175,11 +175,13 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 def forward_logprobs(learner: TorchLearner, batch: dict[str, torch.Tensor], temperature: float, chunk: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each position's logprob of the next token under softmax(logits / T) and the entropy there, [batch, width - 1]
-    each (position t holds token t + 1): the LM head `chunk` tokens at a time (chunked_head.py), or with `chunk` 0
-    from the full-vocabulary fp32 logits."""
+    each (position t holds token t + 1): the LM head `chunk` tokens at a time (chunked_head.py), on the positions
+    whose next token is a generated one (the batch's `mask`, all that the loss and its metrics read; the prompt, tool
+    output and padding positions hold 0), or with `chunk` 0 from the full-vocabulary fp32 logits, every position."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if chunk:
-        return learner.chunked_logprobs(inputs, temperature, chunk)
+        select = batch["mask"][:, 1:] > 0 if "mask" in batch else None
+        return learner.chunked_logprobs(inputs, temperature, chunk, select)
     logits = learner.logits(inputs)[:, :-1]
     targets = batch["input_ids"][:, 1:].to(learner.device)
     return token_logprobs(logits, targets, temperature), token_entropy(logits, temperature)
