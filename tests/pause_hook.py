@@ -9,6 +9,8 @@ status 3), so a test can kill it in that window (conftest.run_until_paused). Poi
   the pause, as it ends an update);
 - stored: the step's rollouts are in the store, its metrics are not (`Store.add_metrics` about to run);
 - recorded: the step's metrics are in the store, its checkpoint is not saved (`Store.add_metrics` returned);
+- sample: the STEP-th sample of an eval run is in the store (`Store.add_sample` returned; the later ones wait to
+  be stored);
 - convert: the embedded model's one-time conversion has written part of its folder (a config.json, no weights;
   `models.convert_gguf` stands in for the conversion: STEP is ignored).
 """
@@ -72,6 +74,19 @@ def install(point: str, step: int) -> None:
                 pause()
 
         Store.add_metrics = add_metrics
+    elif point == "sample":
+        add_sample, lock, stored = Store.add_sample, threading.Lock(), [0]
+
+        @functools.wraps(add_sample)
+        def add_paused(self, *args, **kwargs):
+            with lock:  # the samples store from their own threads: one at a time, none while the STEP-th pauses
+                out = add_sample(self, *args, **kwargs)
+                stored[0] += 1
+                if stored[0] == step:
+                    pause()
+                return out
+
+        Store.add_sample = add_paused
     elif point == "convert":
         from rstar2_agent import models
 
@@ -81,7 +96,7 @@ def install(point: str, step: int) -> None:
 
         models.convert_gguf = convert_gguf
     else:
-        raise SystemExit(f"{ENV}: unknown point {point!r} (rollout, in-update, stored, recorded, convert)")
+        raise SystemExit(f"{ENV}: unknown point {point!r} (rollout, in-update, stored, recorded, sample, convert)")
 
 
 if __name__ == "__main__":
