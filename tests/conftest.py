@@ -3,8 +3,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +69,18 @@ def pytest_configure(config) -> None:
     # the timeouts were set on one machine; a slower one gets them scaled (the workers inherit the figure)
     if not hasattr(config, "workerinput"):
         os.environ.setdefault(TIMEOUT_SCALE_ENV, f"{machine_slowness():.2f}")
+        # vLLM names its engine's IPC sockets /tmp/UUID and leaves them there when the engine ends: the suite's go
+        # in a folder of its own, removed when the run ends (the workers inherit it)
+        if "VLLM_RPC_BASE_PATH" not in os.environ:
+            config.stash[RPC_DIR] = os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="rstar2-vllm-rpc-")
+
+
+def pytest_unconfigure(config) -> None:
+    if RPC_DIR in config.stash:
+        shutil.rmtree(config.stash[RPC_DIR], ignore_errors=True)
+
+
+RPC_DIR = pytest.StashKey[str]()
 
 
 # Every timeout of the suite (pytest-timeout's per test, and `until`'s) is multiplied by the machine's slowness: the

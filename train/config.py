@@ -79,12 +79,18 @@ class CheckpointConfig:
     export_dtype: str = "fp32"  # the HF export's weights: fp32 (the learner's) or bf16 (half the disk; GPUs serve it)
     export_shard_mb: float = 5000.0  # the export's safetensors files are cut at this size; a rank holds one at a time
     timeout_s: float = 3600.0  # how long a rank waits for the others while a checkpoint is written or read
+    # the newest checkpoints a run keeps in `out`: after each save the older ones are deleted (verl's
+    # max_actor_ckpt_to_keep, HF's save_total_limit); 0 keeps them all. A 14B checkpoint with its AdamW state is
+    # about 200 GB, so `save_every` without it fills a disk
+    keep: int = 0
 
     def __post_init__(self) -> None:
         if self.export_dtype not in EXPORT_DTYPES:
             raise ValueError(f"checkpoint.export_dtype must be {' or '.join(EXPORT_DTYPES)}, not {self.export_dtype!r}")
         if not self.export_shard_mb > 0 or not self.timeout_s > 0:
             raise ValueError("checkpoint.export_shard_mb and checkpoint.timeout_s must be positive")
+        if self.keep < 0:
+            raise ValueError(f"checkpoint.keep is how many checkpoints a run keeps (0: all), not {self.keep!r}")
 
 
 @dataclass

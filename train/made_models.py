@@ -68,6 +68,7 @@ def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
                echo: Callable[[str], None] = print) -> Path:
     """The folder of the made model `name`, made now if this machine has none of the current recipe; `changes`:
     recipe overrides (tests make a small one)."""
+    from .learner.checkpoint import SHARDS, STATE_FILE
     from .sft import run_sft
 
     if name not in RECIPES:
@@ -91,7 +92,10 @@ def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
             cfg = recipes.load(SFTConfig, RECIPES[name], changes={**(changes or {}), "out": str(work / "sft"),
                                                                    "db": str(work / "store.db")})
             final, history = run_sft(cfg, on_step=on_step)
-            os.replace(final.resolve(), work / "model")
+            final = final.resolve()
+            shutil.rmtree(final / SHARDS)  # the optimizer state a resume would need: 3x the model, never read here
+            (final / STATE_FILE).unlink()
+            os.replace(final, work / "model")
             shutil.rmtree(target, ignore_errors=True)
             os.replace(work / "model", target)  # whole, or not there
             card = {"name": name, "key": key, "path": str(target), "recipe": RECIPES[name], "base": cfg.model,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,18 @@ def save_checkpoint(learner: Any, cfg: Any, stage: str, step: int, context_lengt
     meta = {"format": cfg.format, "context_length": context_length, "stage": stage, "trained_from": cfg.model,
             "step": step, **({"answer_extraction": answer_extraction} if answer_extraction else {})}
     path = learner.save(Path(cfg.out) / f"checkpoint-{step}", extra or {}, meta)
-    if getattr(learner, "rank", 0) == 0:  # under torchrun every rank saves; one of them moves the link
+    if getattr(learner, "rank", 0) == 0:  # under torchrun every rank saves; one of them moves the link and prunes
         link_last(path)
+        prune(cfg.out, cfg.checkpoint.keep)
     return path
+
+
+def prune(out: str | Path, keep: int) -> None:
+    """Deletes all but the newest `keep` checkpoints of `out` (0: none), after the newest was renamed into place
+    and `last` points at it, so a kill at any moment leaves a whole checkpoint to resume from."""
+    for old in checkpoints(out)[:-keep] if keep else []:
+        log.info("checkpoint.keep is %d: deleting %s", keep, old)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def run_name(cfg: Any) -> str:

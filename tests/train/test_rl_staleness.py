@@ -11,10 +11,11 @@ import os
 import pytest
 
 from rstar2_agent.engines.base import SamplingParams
-from rstar2_agent.train.config import RLConfig, Stage, StartCheck
+from rstar2_agent.train.config import CheckpointConfig, RLConfig, Stage, StartCheck
 from rstar2_agent.train.data.pool import draw, stage_pool
 from rstar2_agent.train.rl import RLRun, run_rl
 from rstar2_agent.train.rollout.version_gate import VersionGate, lag_metrics
+from rstar2_agent.train.run_frame import checkpoints
 
 from conftest import count_prompt, until
 
@@ -97,7 +98,7 @@ async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, v
     cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=3, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
                    out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown", dtype="fp32",
-                   rollout_engine="vllm", max_staleness=1, save_every=1,
+                   rollout_engine="vllm", max_staleness=1, save_every=1, checkpoint=CheckpointConfig(keep=1),
                    start_check=StartCheck(min_answer_share=0.0))  # the base model writes no answer block
     try:
         _, history = await run_rl(cfg, engine=vllm_engine)
@@ -114,6 +115,7 @@ async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, v
     assert store.last_step(run.id) == 3 and len(samples) == 3 * 2 * 4  # each step once
     assert {(s.details["step"], s.details["version"]) for s in samples} == {(0, 0), (1, 0), (2, 1)}
     assert all(s.seconds > 0 for s in samples)  # each rollout's wall time, in the row
+    assert [p.name for p in checkpoints(cfg.out)] == ["checkpoint-3"]  # saved each step, the older ones pruned
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 from rstar2_agent.benchmark_data import DataError
 from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.synthetic import conversations, problems
-from rstar2_agent.train.config import OptimConfig, SFTConfig
+from rstar2_agent.train.config import CheckpointConfig, OptimConfig, SFTConfig
 from rstar2_agent.train.data import converters
 from rstar2_agent.train.data.chat_data import DataStats, collate, load_examples, pack, read_jsonl, render
 from rstar2_agent.train.learner.model import lr_factor
@@ -189,9 +189,11 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(sft_checkpoint):
 
 @pytest.mark.slow
 def test_resume_takes_exactly_the_next_step(tmp_path, tiny_smollm2):
-    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=3, save_every=2)
+    """A checkpoint every step, `checkpoint.keep: 2`: the run ends with the newest two, `last` at the newest."""
+    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=3, save_every=1, checkpoint=CheckpointConfig(keep=2))
     _, straight = run_sft(cfg)
     assert [int(p.name.split("-")[1]) for p in checkpoints(cfg.out)] == [2, 3]
+    assert (Path(cfg.out) / "last").resolve().name == "checkpoint-3"
     import shutil
 
     shutil.rmtree(Path(cfg.out) / "checkpoint-3")  # as if killed after step 2's checkpoint
@@ -207,7 +209,8 @@ def test_resume_takes_exactly_the_next_step(tmp_path, tiny_smollm2):
 
 @pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
-    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1)
+    """... even with `checkpoint.keep: 1`: the old one goes only once the new one is whole."""
+    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1, checkpoint=CheckpointConfig(keep=1))
     from rstar2_agent.train.learner import checkpoint
 
     real = checkpoint.save_file
