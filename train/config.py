@@ -141,6 +141,10 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dtype: str = "auto"  # auto: bf16 on GPUs that have it, else fp32
     gradient_checkpointing: bool = False
+    # the input embeddings (and a head tied to them) and the bottom N decoder layers are not trained: their backward
+    # and optimizer state are skipped (SmolLM2-135M, 20 of 30 frozen: a step about 1.8x faster on a CPU); 0, the
+    # default: every parameter trained, as the paper's SFT
+    frozen_layers: int = 0
     gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan/
     gpus: int = 0  # the node the recipe is written for: torchrun's processes the plan counts (0: $WORLD_SIZE, else 1)
     memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit

@@ -81,7 +81,8 @@ class SFTRun:
         steps_per_epoch = max(1, len(self.examples if cfg.batch_examples else self.rows) // self.per_step)
         self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
         learner = TorchLearner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
-                               gradient_checkpointing=cfg.gradient_checkpointing, checkpoint=cfg.checkpoint,
+                               gradient_checkpointing=cfg.gradient_checkpointing, frozen_layers=cfg.frozen_layers,
+                               checkpoint=cfg.checkpoint,
                                group_timeout_s=cfg.group_timeout_s)
         if self.last is not None:
             learner.load_state(self.last)

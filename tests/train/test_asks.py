@@ -70,3 +70,32 @@ def test_the_held_out_prompts_are_not_in_the_data():
     trained = {p.text.lower() for p in asks.problems(0, 256)}
     for r in held:
         assert not any(r["question"].lower() in t or t in r["question"].lower() for t in trained)
+
+
+def test_error_share_records_read_a_real_error_and_train_only_on_the_fix(smol, smol_tokenizer):
+    """`asks:N:SEED:1`: every ask whose program imports math first calls it without the import (or with a bare
+    `gcd(`), gets the real sandbox's NameError, then calls the program; the rest are as at share 0. Rendered for
+    SFT, the failing call is prompt (no target token) and the fix and the answer are targets."""
+    from rstar2_agent.chat_format import ChatFormat
+    from rstar2_agent.train.data.chat_data import render
+
+    plain, mixed = load_records("asks:40:5"), load_records("asks:40:5:1")
+    fixed = [k for k, rec in enumerate(mixed) if len(rec["messages"]) == 6]
+    assert len(fixed) == sum("import math\n" in p.code for p in asks.problems(5, 40)) > 5
+    assert all(mixed[k] == plain[k] for k in range(40) if k not in fixed)
+    fmt = ChatFormat(smol_tokenizer, "hermes", smol.spec.chat_template)
+    for k in fixed:
+        first, error, fix, ok = mixed[k]["messages"][1:5]
+        assert first["weight"] == 0 and "weight" not in fix
+        assert "import math" not in json.loads(first["tool_calls"][0]["function"]["arguments"])["code"]
+        assert error["result"]["status"] == "error" and "NameError: name '" in error["result"]["stderr"]
+        assert json.loads(fix["tool_calls"][0]["function"]["arguments"]) == {"code": asks.problems(5, 40)[k].code}
+        assert ok["result"]["stdout"] == plain[k]["messages"][2]["result"]["stdout"]
+        ex = render(fmt, mixed[k])
+        target = smol_tokenizer.decode([t for t, m in zip(ex.ids, ex.mask, strict=True) if m])
+        assert "NameError" not in target and target.count("<tool_call>") == 1 and "\\boxed{" in target
+        unweighted = render(fmt, {**mixed[k], "messages": [{k2: v for k2, v in m.items() if k2 != "weight"}
+                                                            for m in mixed[k]["messages"]]})
+        assert unweighted.ids == ex.ids and sum(unweighted.mask) > sum(ex.mask)
+    with pytest.raises(DataError, match="error_share must be between 0 and 1"):
+        load_records("asks:4:0:2")

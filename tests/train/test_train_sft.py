@@ -208,6 +208,29 @@ def test_resume_takes_exactly_the_next_step(tmp_path, tiny_smollm2):
 
 
 @pytest.mark.slow
+def test_frozen_layers_keep_their_weights_the_rest_learns_and_a_resume_takes_the_same_step(tmp_path, tiny_smollm2):
+    """`frozen_layers: 1` on the 2-layer model: after two steps the embeddings (and the head tied to them) and layer
+    0 are the base's bit for bit, layer 1 and the final norm moved; the checkpoint resumes to step 2's loss; a count
+    the model does not have is refused."""
+    from safetensors.torch import load_file
+
+    cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1, frozen_layers=1)
+    _, straight = run_sft(cfg)
+    base, after = load_file(f"{tiny_smollm2}/model.safetensors"), load_file(f"{cfg.out}/checkpoint-2/model.safetensors")
+    frozen = [k for k in base if k.startswith(("model.embed_tokens.", "model.layers.0."))]
+    assert len(frozen) > 5 and all(torch.equal(base[k], after[k]) for k in frozen)
+    assert not torch.equal(base["model.layers.1.mlp.up_proj.weight"], after["model.layers.1.mlp.up_proj.weight"])
+    assert not torch.equal(base["model.norm.weight"], after["model.norm.weight"])
+    import shutil
+
+    shutil.rmtree(Path(cfg.out) / "checkpoint-2")
+    _, resumed = run_sft(cfg, resume=True)
+    assert resumed[0]["loss"] == pytest.approx(straight[1]["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="frozen_layers must be between 0 and 1"):
+        run_sft(tiny(tmp_path / "too-many", model=tiny_smollm2, max_steps=1, frozen_layers=2))
+
+
+@pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
     """... even with `checkpoint.keep: 1`: the old one goes only once the new one is whole."""
     cfg = tiny(tmp_path, model=tiny_smollm2, max_steps=2, save_every=1, checkpoint=CheckpointConfig(keep=1))
@@ -263,13 +286,14 @@ def sft_rank(cfg: SFTConfig) -> tuple[float, float, int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("batch", ["rows", "examples"])
+@pytest.mark.parametrize("batch", ["rows", "examples", "frozen"])
 def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2, batch):
     """The same step on two FSDP2 ranks over gloo and in one process: the same gradient norm and loss. `rows`: 2
     packed rows a step (2 ranks x 1, or 1 process x 2 accumulated); `examples`: 3 examples a step (the paper's way of
     counting), packed into fewer rows than ranks, so one rank runs a padding pass with no target to keep FSDP's
-    collectives in step. FSDP averages the ranks' gradients, so unscaled the two ranks' norm is half (with 8 GPUs an
-    eighth, and grad_clip 1.0 acting as 8.0)."""
+    collectives in step; `frozen`: rows, with the embeddings and layer 0 frozen (FSDP's root unit then holds a frozen
+    and a trained parameter). FSDP averages the ranks' gradients, so unscaled the two ranks' norm is half (with 8 GPUs
+    an eighth, and grad_clip 1.0 acting as 8.0)."""
     from gloo_ranks import run_ranks
 
     from rstar2_agent.train.sft import SFTRun
@@ -277,6 +301,8 @@ def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2,
     base = dict(model=tiny_smollm2, data=["synthetic:16:0"], micro_batch=1, dtype="fp32")
     if batch == "examples":
         base |= {"batch_examples": 3, "seq_len": 4096}  # the 3 fit one row
+    if batch == "frozen":
+        base |= {"frozen_layers": 1}
     one = SFTRun(tiny(tmp_path / "one", grad_accum=2, **base))
     want = one.train_step(one.prepare())
     if batch == "examples":

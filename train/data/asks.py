@@ -14,10 +14,14 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
-from rstar2_agent.synthetic import SynthProblem, conversation
+from rstar2_agent.synthetic import OPENERS, SynthProblem, conversation
+
+from . import tool_tasks
+from .tool_tasks import Bug, ToolProblem
 
 Ask = tuple[str, str]  # the question, the program that prints its answer (the answer is what it prints)
 
@@ -465,6 +469,42 @@ def problems(seed: int, n: int) -> list[SynthProblem]:
     return out
 
 
-def conversations(seed: int, n: int) -> list[dict[str, Any]]:
-    r = random.Random(seed + 1)
-    return [conversation(p, r) for p in problems(seed, n)]
+def first_try(code: str, r: random.Random) -> Bug | None:
+    """A failing first try at a program that imports math, as a small model's first tries fail: the import left
+    out, or the function called by its bare name (`gcd(a, b)`); None for a program without that import."""
+    if "import math\n" not in code:
+        return None
+    body = code.replace("import math\n", "", 1)
+    names = list(dict.fromkeys(re.findall(r"math\.(\w+)\(", body)))
+    if names and r.random() < 0.5:
+        return Bug(re.sub(r"math\.(\w+)\(", r"\1(", body), r.choice(BARE_NAME).format(name=names[0]))
+    return Bug(body, r.choice(NO_IMPORT))
+
+
+NO_IMPORT = ["I forgot to import math. Again, with the import:", "The math module was not imported; fixing that.",
+             "NameError: math needs `import math` first. Let me rerun it."]
+BARE_NAME = ["`{name}` lives in the math module: calling it as math.{name} after importing math.",
+             "{name} is not a builtin; it is math.{name}. Fixed:", "I need `import math` and math.{name}. Again:"]
+
+
+def conversations(seed: int, n: int, error_share: float = 0.0) -> list[dict[str, Any]]:
+    """The asks' chat records; `error_share` of those whose program imports math (a seeded draw each) instead
+    call a failing first try (`first_try`), read the sandbox's real error, say what was wrong and call the
+    program (tool_tasks.records runs both calls). The first try has weight 0: the model learns to read an error
+    and fix it, not to make it."""
+    if not 0.0 <= error_share <= 1.0:
+        raise ValueError(f"error_share must be between 0 and 1, not {error_share}")
+    r, draw = random.Random(seed + 1), random.Random(seed + 2)
+    out: list[dict[str, Any] | None] = []
+    plans, slots = [], []
+    for p in problems(seed, n):
+        bug = first_try(p.code, draw) if error_share and draw.random() < error_share else None
+        if bug is None:
+            out.append(conversation(p, r))
+            continue
+        plans.append((ToolProblem(**vars(p), stdin="", bugs=(bug,)), r.choice(OPENERS), bug))
+        slots.append(len(out))
+        out.append(None)
+    for slot, record in zip(slots, tool_tasks.records_sync(plans, train_bug=False) if plans else [], strict=True):
+        out[slot] = record
+    return out

@@ -110,9 +110,16 @@ def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Ex
         messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant"
                     and not m["content"].startswith(opener) else m for m in messages]
     full = fmt._apply(messages, add_generation_prompt=False)
+    # an assistant message with "weight": 0 (OpenAI's fine-tuning format) stays in the prompt, no target: an
+    # error-then-fix record's failing first try, say, which the model should read but not learn to write
+    weights = [m.get("weight", 1) for m in record["messages"] if m.get("role") == "assistant"]
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if 0 in weights and len(weights) != len(assistant):
+        raise DataError(f"a record with a weight-0 assistant message has {len(weights)} assistant messages, which "
+                        f"the format renders as {len(assistant)}: drop the weights or the record")
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or (0 in weights and weights[assistant.index(i)] == 0):
             continue
         prompt = fmt._apply(messages[:i], add_generation_prompt=True)
         start = len(prompt)

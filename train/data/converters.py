@@ -7,8 +7,9 @@
   local copy `hub_dir/ORG/NAME` (the hub repository's files, e.g. from `huggingface-cli download`) instead;
 - `synthetic:N[:SEED[:FAMILIES]]`: N generated tool-use conversations (rstar2_agent/synthetic.py), from the
   problem families joined with + (default: all);
-- `asks:N[:SEED]`: N everyday "compute this" asks in many phrasings, each answered with the direct program
-  (train/data/asks.py; the default agent's data);
+- `asks:N[:SEED[:ERROR_SHARE]]`: N everyday "compute this" asks in many phrasings, each answered with the direct
+  program (train/data/asks.py; the default agent's data), ERROR_SHARE of those importing math (default 0) first
+  calling it without the import, reading the error, then the fix;
 - `tooltasks:N[:SEED[:ERROR_SHARE]]`: N conversations on tool tasks whose data the program reads from stdin
   (train/data/tool_tasks.py), ERROR_SHARE of them (default 0.5) a buggy call, its real error, then the fix.
 
@@ -304,9 +305,9 @@ def load_records(source: str, on_bad_line: str = "skip", stats: DataStats | None
 
         _, n, *rest = source.split(":")
         try:
-            return asks.conversations(int(rest[0]) if rest else 0, int(n))
+            return asks.conversations(int(rest[0]) if rest else 0, int(n), float(rest[1]) if len(rest) > 1 else 0.0)
         except ValueError as e:
-            raise DataError(f"{source}: {e} (asks:N[:SEED])") from e
+            raise DataError(f"{source}: {e} (asks:N[:SEED[:ERROR_SHARE]])") from e
     if source.startswith("tooltasks:"):
         from . import tool_tasks
 

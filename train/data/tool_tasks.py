@@ -192,7 +192,7 @@ def problems(seed: int, n: int) -> list[ToolProblem]:
 
 # ---------------------------------------------------------------------------------------------- conversations
 def _call_message(content: str, call_id: str, code: str, stdin: str) -> dict[str, Any]:
-    args = {"code": code, "input": stdin}
+    args = {"code": code, "input": stdin} if stdin else {"code": code}
     return {"role": "assistant", "content": content, "tool_calls": [
         {"id": call_id, "type": "function", "function": {"name": STATELESS_TOOL, "arguments": json.dumps(args)}}]}
 
@@ -201,14 +201,17 @@ def _reply(call_id: str, result: ExecResult) -> dict[str, Any]:
     return tool_message(call_id, STATELESS_TOOL, dataclasses.replace(result, duration=RENDERED_DURATION))
 
 
-def conversation(p: ToolProblem, opener: str, bug: Bug | None, results: list[ExecResult]) -> dict[str, Any]:
-    """One chat record; `results` are the sandbox's results of the calls it makes (the bug's first, if any)."""
+def conversation(p: ToolProblem, opener: str, bug: Bug | None, results: list[ExecResult], *,
+                 train_bug: bool = True) -> dict[str, Any]:
+    """One chat record; `results` are the sandbox's results of the calls it makes (the bug's first, if any).
+    `train_bug` False: the buggy call has weight 0 (read, not learned: chat_data.render)."""
     messages: list[dict[str, Any]] = [problem_message(p.text)]  # each format gives its own system turn
     codes = [bug.code, p.code] if bug else [p.code]
     texts = [opener, bug.diagnosis] if bug else [opener]
     for k, (code, text, result) in enumerate(zip(codes, texts, results, strict=True)):
         call_id = f"call_{p.id}_{k}"
-        messages += [_call_message(text, call_id, code, p.stdin), _reply(call_id, result)]
+        weight = {} if train_bug or not bug or k else {"weight": 0}
+        messages += [{**_call_message(text, call_id, code, p.stdin), **weight}, _reply(call_id, result)]
     messages.append({"role": "assistant", "content": f"<answer>The answer is \\boxed{{{p.answer}}}.</answer>"})
     return {"messages": messages, "tools": default_tools()}
 
@@ -235,6 +238,13 @@ async def conversations_async(seed: int, n: int, error_share: float = DEFAULT_ER
         opener = r.choice(OPENERS)
         bug = r.choice(p.bugs) if r.random() < error_share else None
         plans.append((p, opener, bug))
+    return await records(plans, sandbox)
+
+
+async def records(plans: list[tuple[ToolProblem, str, Bug | None]], sandbox: Sandbox | None = None, *,
+                  train_bug: bool = True) -> list[dict[str, Any]]:
+    """The chat records of (problem, opener, bug or None) plans, every call run once in the sandbox (a pool of this
+    process's own when None), each bug checked to fail in the user's file and each fix to print the answer."""
     requests = [ExecRequest(code, p.stdin) for p, _, bug in plans for code in ([bug.code] if bug else []) + [p.code]]
     if sandbox is None:
         own = await _own_sandbox()
@@ -251,7 +261,7 @@ async def conversations_async(seed: int, n: int, error_share: float = DEFAULT_ER
         if bug:
             _check(p, bug.code, mine[0], should_fail=True)
         _check(p, p.code, mine[-1], should_fail=False)
-        out.append(conversation(p, opener, bug, mine))
+        out.append(conversation(p, opener, bug, mine, train_bug=train_bug))
     return out
 
 
@@ -270,6 +280,12 @@ async def _own_sandbox() -> LocalSandbox:
 def conversations(seed: int, n: int, error_share: float = DEFAULT_ERROR_SHARE) -> list[dict[str, Any]]:
     """conversations_async from synchronous code (also from inside a running event loop)."""
     return _run(conversations_async(seed, n, error_share))
+
+
+def records_sync(plans: list[tuple[ToolProblem, str, Bug | None]], *, train_bug: bool = True
+                 ) -> list[dict[str, Any]]:
+    """records from synchronous code."""
+    return _run(records(plans, train_bug=train_bug))
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:

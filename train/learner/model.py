@@ -105,12 +105,26 @@ def load_model(model_path: str, device: torch.device, *, rank: int, world: int, 
     return model
 
 
+def freeze(model: torch.nn.Module, layers: int) -> None:
+    """The input embeddings and the bottom `layers` decoder layers stop training (a head tied to the embeddings with
+    them): their backward is never run, nor their optimizer state kept."""
+    if not layers:
+        return
+    total = len(model.model.layers)
+    if not 0 < layers < total:
+        raise ValueError(f"frozen_layers must be between 0 and {total - 1} (the model has {total} decoder layers), "
+                         f"not {layers}")
+    model.get_input_embeddings().weight.requires_grad_(False)
+    for layer in model.model.layers[:layers]:
+        layer.requires_grad_(False)
+
+
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
-                 gradient_checkpointing: bool = False, fsdp: bool = False,
+                 gradient_checkpointing: bool = False, fsdp: bool = False, frozen_layers: int = 0,
                  checkpoint: CheckpointConfig | None = None, group_timeout_s: float = GROUP_TIMEOUT_S):
         """`fsdp`: shard with FSDP2 even as the only rank (the GPU check's one-rank group); more than one rank always
-        shards."""
+        shards. `frozen_layers`: see `freeze`."""
         from transformers import AutoTokenizer
 
         self.rank, self.world = distributed(group_timeout_s)
@@ -125,6 +139,7 @@ class TorchLearner:
         self.model = load_model(model_path, self.device, rank=self.rank, world=self.world, sharded=self.sharded,
                                 bf16=self.bf16, gradient_checkpointing=gradient_checkpointing)
         self.head = install_head(self.model)  # installed before FSDP sharded it (load_model): see chunked_head.py
+        freeze(self.model, frozen_layers)
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0
@@ -151,7 +166,8 @@ class TorchLearner:
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         c = self.optim_cfg
-        opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trained, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, self.total_steps, c))
         return opt
 
