@@ -34,7 +34,7 @@ RECIPES = {DEFAULT_AGENT: "sft-smollm2-agent"}
 # start of chat and serve from generating the data again (the asks run each program to take its output).
 _DATA = Path(__file__).with_name("data")
 _CORE = Path(__file__).resolve().parents[1] / "rstar2_agent"
-GENERATORS = {"asks": [_DATA / "asks.py", _DATA / "converters.py", _CORE / "synthetic.py"],
+GENERATORS = {"asks": [_DATA / "asks.py", _DATA / "tool_tasks.py", _DATA / "converters.py", _CORE / "synthetic.py"],
               "synthetic": [_DATA / "converters.py", _CORE / "synthetic.py"]}
 
 
