@@ -43,8 +43,8 @@ def children(pid: int) -> list[int]:
 
 def pytest_configure(config) -> None:
     """The 40 slowest tests are listed after every run (CI's log shows where the suite's time goes), unless the
-    command line asks for another number."""
-    if not config.option.durations:
+    command line asks for another number (`--durations=0`: all)."""
+    if config.option.durations is None:
         config.option.durations = 40
     # pytest-xdist's loadgroup marks a group in the test ids (`id@group`) through an attribute pytest 9 no longer
     # reads: every group would be spread over the workers, each building the shared engines and the SFT checkpoint
