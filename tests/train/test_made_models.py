@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rstar2_agent.models import DEFAULT_AGENT, ModelError, made_pointer, resolve_model
+from rstar2_agent.train.learner.checkpoint import SHARDS, STATE_FILE
 from rstar2_agent.train.made_models import RECIPES, make_model
 
 SMALL = {"data": ["synthetic:2:0"], "epochs": 1, "seq_len": 1024}  # one step
@@ -34,7 +35,8 @@ def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_
     assert steps == [1] and card["path"] == str(folder) and card["recipe"] == RECIPES[DEFAULT_AGENT]
     meta = json.loads((folder / "rstar2.json").read_text())
     assert meta["format"] == "hermes" and (folder / "config.json").exists()
-    assert sorted(p.name for p in folder.iterdir() if p.stat().st_size > 10**7) == ["model.safetensors"]  # no AdamW
+    assert (folder / "model.safetensors").is_file()  # the weights alone: no AdamW shards, no trainer state
+    assert not (folder / SHARDS).exists() and not (folder / STATE_FILE).exists()
     assert resolve_model(DEFAULT_AGENT).path == str(folder)  # found by its pointer, nothing trained
     assert make_model(changes=SMALL, on_step=lambda *a: steps.append(-1), echo=lambda _: None) == folder
     assert steps == [1]

@@ -117,9 +117,10 @@ def render(fmt: ChatFormat, record: dict[str, Any], shape: str = "format") -> Ex
     if 0 in weights and len(weights) != len(assistant):
         raise DataError(f"a record with a weight-0 assistant message has {len(weights)} assistant messages, which "
                         f"the format renders as {len(assistant)}: drop the weights or the record")
+    untrained = {i for i, w in zip(assistant, weights, strict=True) if w == 0} if 0 in weights else set()
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant" or (0 in weights and weights[assistant.index(i)] == 0):
+        if m["role"] != "assistant" or i in untrained:
             continue
         prompt = fmt._apply(messages[:i], add_generation_prompt=True)
         start = len(prompt)
