@@ -445,6 +445,15 @@ def engine(smol):
     return HFEngine(smol.path, context_length=smol.spec.context_length)
 
 
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_smollm2):
+    """One hf engine with the tiny SmolLM2 for the session: for the serving and client machinery under load (retries,
+    replica pools, many concurrent requests), where what the model writes does not matter."""
+    from rstar2_agent.engines.hf import HFEngine
+
+    return HFEngine(tiny_smollm2, context_length=2048)
+
+
 async def metrics_once_idle(client, url: str, tries: int = 60) -> str:
     """/metrics, read again every 0.25 s (at most `tries` times) until no request is in flight: a cancelled
     request leaves the server a moment after its client."""
@@ -477,7 +486,7 @@ async def serving(engine, sandbox, **cfg):
     from rstar2_agent.serve.app import create_app
     from rstar2_agent.serve.server import ServeConfig, Server
 
-    server = Server(engine, sandbox, ServeConfig(model_name="smollm2-135m", format="markdown", **cfg))
+    server = Server(engine, sandbox, ServeConfig(**{"model_name": "smollm2-135m", "format": "markdown", **cfg}))
     async with uvicorn_app(create_app(server, manage=False)) as url:
         yield url
 

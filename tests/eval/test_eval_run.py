@@ -101,14 +101,15 @@ def flaky_proxy(upstream: str) -> FastAPI:
     return app
 
 
-async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path, engine, sandbox, smol):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
+async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path, tiny_engine, sandbox, tiny_smollm2):
+    """On the tiny SmolLM2: the client's machinery, whatever the model writes."""
+    server = Server(tiny_engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     proxy = flaky_proxy("")
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         proxy = flaky_proxy(upstream)
         async with uvicorn_app(proxy) as url:
-            source = ModelSource(model=smol.path, urls=[url])
+            source = ModelSource(model=tiny_smollm2, urls=[url])
             config = cfg(n=1, limit=2, retries=2, backoff=0.05, format="markdown")
             await evaluate(["aime24"], source, config, store, "flaky", data_dir=str(FIXTURE))
             (result,) = load(store, "flaky")
@@ -123,14 +124,15 @@ async def test_endpoint_errors_are_retried_stored_as_errors_and_resumed(tmp_path
             assert all(s.status == "ok" and s.attempts == 4 and s.tokens > 0 for s in result.samples)
 
 
-async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
+async def test_several_urls_form_a_replica_pool(tmp_path, tiny_engine, sandbox, tiny_smollm2):
+    """On the tiny SmolLM2: the client's machinery, whatever the model writes."""
+    server = Server(tiny_engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as upstream:
         a, b = flaky_proxy(upstream), flaky_proxy(upstream)
         a.state.fail = b.state.fail = False
         async with uvicorn_app(a) as url_a, uvicorn_app(b) as url_b:
-            source = ModelSource(model=smol.path, urls=[url_a, url_b], replica_policy="least_outstanding")
+            source = ModelSource(model=tiny_smollm2, urls=[url_a, url_b], replica_policy="least_outstanding")
             await evaluate(["aime24"], source, cfg(n=2, format="markdown", max_tokens=48), store, "pool",
                            data_dir=str(FIXTURE))
     (result,) = load(store, "pool")
@@ -138,8 +140,9 @@ async def test_several_urls_form_a_replica_pool(tmp_path, engine, sandbox, smol)
     assert a.state.forwarded > 0 and b.state.forwarded > 0  # both replicas served
 
 
-async def test_chat_api_against_rstar2_serve(tmp_path, engine, sandbox):
-    server = Server(engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
+async def test_chat_api_against_rstar2_serve(tmp_path, tiny_engine, sandbox):
+    """On the tiny SmolLM2: the chat API's path, whatever the model writes."""
+    server = Server(tiny_engine, sandbox, ServeConfig(model_name="smol", format="markdown"))
     store = Store(tmp_path / "eval.db")
     async with uvicorn_app(create_app(server, manage=False)) as url:
         await evaluate(["aime24"], ModelSource(urls=[url]), cfg(n=1, limit=3, api="chat", max_tokens=96), store, "chat",
