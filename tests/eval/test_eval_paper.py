@@ -151,16 +151,17 @@ def _rows_by_name(rows):
 
 
 @pytest.mark.slow
-async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, engine):
+async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, tiny_engine):
     """The fixture's AIME24 and one BFCL category run; the benchmarks without data say why; the same call again
-    only reads the store."""
+    only reads the store. The pipeline's machinery, whatever the model writes: the session's tiny SmolLM2 generates
+    under the registry's name and format for smollm2-135m."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
     store = Store(tmp_path / "paper.db")
     cfg = EvalConfig(n=2, max_tokens=32, max_turns=2, limit=1, concurrency=4, retries=0)
     log = Console(file=io.StringIO(), width=250)
     rows = _rows_by_name(await paper.run_paper(ModelSource(), cfg, store, data_dir=str(FIXTURE), categories="simple",
-                                         console=log, engine=engine))
+                                         console=log, engine=tiny_engine))
     for name, file in (("aime25", "aime25.jsonl"), ("hmmt25", "hmmt_feb_2025.jsonl"), ("math500", "math500.jsonl"),
                        ("gpqa_diamond", "gpqa_diamond.jsonl")):
         assert rows[name].skipped and file in rows[name].skipped and rows[name].score is None
@@ -178,18 +179,19 @@ async def test_paper_at_toy_size_with_the_session_engine(tmp_path, monkeypatch, 
     before = {b: [s.id for s in store.samples(r.id)] for b, r in runs.items()}
     assert len(before["aime24"]) == 2 and len(before["bfcl_v3"]) == 2
     again = _rows_by_name(await paper.run_paper(ModelSource(), cfg, store, data_dir=str(FIXTURE), categories="simple",
-                                          console=log, engine=engine))
+                                          console=log, engine=tiny_engine))
     assert {b: [s.id for s in store.samples(r.id)] for b, r in runs.items()} == before  # resumed: nothing new
     assert again["aime24"].score == aime.score and again["bfcl_v3"].score == bfcl.score
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
-async def test_paper_runs_all_six_with_the_mirrors(tmp_path, monkeypatch, engine):
+async def test_paper_runs_all_six_with_the_mirrors(tmp_path, monkeypatch, tiny_engine):
+    """Every benchmark's mirror loads and runs one problem (the tiny SmolLM2 generates: the data's path is tested)."""
     monkeypatch.delenv("RSTAR2_DATA_DIR", raising=False)
     cfg = EvalConfig(n=1, max_tokens=24, max_turns=1, limit=1, concurrency=4, retries=0)
     rows = _rows_by_name(await paper.run_paper(ModelSource(), cfg, Store(tmp_path / "paper.db"), data_dir=str(SHARED),
-                                         categories="simple", console=Console(file=io.StringIO()), engine=engine))
+                                         categories="simple", console=Console(file=io.StringIO()), engine=tiny_engine))
     assert all(not r.skipped and r.problems == 1 and r.n == 1 for r in rows.values())
     assert all(rows[b].interval.method == "wilson" for b in ("aime24", "aime25", "hmmt25", "math500", "gpqa_diamond"))
     assert rows["bfcl_v3"].interval is None  # one item in its category

@@ -295,14 +295,17 @@ def test_cli_errors_say_what_to_do(tmp_path):
     assert p.returncode != 0 and "no run named 'nope'" in p.stderr
 
 
-async def test_bfcl_v3_items_with_the_real_model(tmp_path):
+async def test_bfcl_v3_items_score_each_category(tmp_path, tiny_engine):
+    """Four BFCL categories, one item each, run, scored and reported. The tiny SmolLM2 generates: the driver (one agent
+    call per user turn), the scoring and the report are tested whatever the model writes; the checkers' verdicts
+    against the official ones: test_bfcl_official_verdicts.py."""
     from rstar2_agent.eval.benchmarks.bfcl_v3 import BFCLv3
     from rstar2_agent.eval.report import write_outputs
 
     store = Store(tmp_path / "eval.db")
     bench = BFCLv3("simple,irrelevance,live_relevance,multi_turn_base")
     await evaluate(["bfcl_v3"], ModelSource(), cfg(n=1, limit=1, max_tokens=96), store, "bfcl", benchmarks={
-        "bfcl_v3": bench})
+        "bfcl_v3": bench}, engine=tiny_engine)
     (result,) = load(store, "bfcl")
     by_id = {s.problem_id: s for s in result.samples}
     assert set(by_id) == {"simple_0", "irrelevance_0", "live_relevance_0-0-0", "multi_turn_base_0"}
