@@ -40,7 +40,9 @@ def cfg(**kw) -> EvalConfig:
     return EvalConfig(**{**base, **kw})
 
 
-async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
+async def test_fixture_run_is_stored_reported_and_resumed(tmp_path, engine):
+    """The first run builds its engine from the source, as `rstar2 eval` does; the resume and the growth reuse the
+    session's engine (the same model)."""
     store = Store(tmp_path / "eval.db")
     out = tmp_path / "out"
     # 64 tokens a turn: SmolLM2's first turn is a whole tool call on these three problems
@@ -65,18 +67,21 @@ async def test_fixture_run_is_stored_reported_and_resumed(tmp_path):
     assert calls and all(escape(c["response"]) in html for c in calls)  # every tool output can be read
 
     ids = [s.id for s in samples]
-    await evaluate(["aime24"], ModelSource(), cfg(max_tokens=64), store, "fix", data_dir=str(FIXTURE))  # resumed: none
+    await evaluate(["aime24"], ModelSource(), cfg(max_tokens=64), store, "fix", data_dir=str(FIXTURE),
+                   engine=engine)  # resumed: none
     assert [s.id for s in store.samples(result.run.id)] == ids
     # more samples: only those
-    await evaluate(["aime24"], ModelSource(), cfg(n=3, max_tokens=64), store, "fix", data_dir=str(FIXTURE))
+    await evaluate(["aime24"], ModelSource(), cfg(n=3, max_tokens=64), store, "fix", data_dir=str(FIXTURE),
+                   engine=engine)
     grown = store.samples(result.run.id)
     assert len(grown) == 9 and set(ids) < {s.id for s in grown}
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data (benchmark mirrors) is absent")
-async def test_two_aime24_problems(tmp_path):
+async def test_two_aime24_problems(tmp_path, engine):
     store = Store(tmp_path / "eval.db")
-    await evaluate(["aime24"], ModelSource(), cfg(n=1, limit=2, max_tokens=96), store, "aime", data_dir=str(SHARED))
+    await evaluate(["aime24"], ModelSource(), cfg(n=1, limit=2, max_tokens=96), store, "aime", data_dir=str(SHARED),
+                   engine=engine)
     (result,) = load(store, "aime")
     assert result.summary["problems"] == 2 and result.summary["samples"] == 2
     assert {s.problem_id for s in result.samples} == {"60", "61"}
