@@ -106,7 +106,8 @@ def models_make_cmd(name: str) -> None:
 @click.option("--url", default=None, help="An OpenAI-compatible server (vLLM, SGLang, rstar2 serve).")
 @click.option("--served-model", default=None, help="The model name on that server (default: its first).")
 @click.option("--api-key", envvar="RSTAR2_API_KEY", default=None)
-@click.option("--temperature", type=click.FloatRange(0), default=0.6, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=None,
+              help="Default: the model's: 0 (greedy) for smollm2-agent, 0.6 for the others.")
 @click.option("--max-turns", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=None,
               help="Response budget per answer (generated and tool tokens). Default: the model's: 1024 for the "
@@ -128,13 +129,15 @@ def chat_cmd(model, engine, url, served_model, api_key, temperature, max_turns, 
     from .chat.conversation import ChatOptions
     from .chat.terminal import chat_loop, chat_once
     from .engines import EngineError
-    from .models import DEFAULT_AGENT, ModelError, chat_budget, resolve_model
+    from .models import DEFAULT_AGENT, ModelError, chat_defaults, resolve_model
     from .sandbox import SandboxConfig, SandboxError, make_sandbox
 
     model = model or (None if url else DEFAULT_AGENT)  # the project's agent, made on first use
+    budget, default_temperature = chat_defaults(model)
     opts = ChatOptions(model=model, engine=engine, urls=(url,) if url else (), served_model=served_model,
-                       api_key=api_key, temperature=temperature, max_turns=max_turns,
-                       max_tokens=max_tokens or chat_budget(model), repetition=repetition, format=format_name)
+                       api_key=api_key, temperature=default_temperature if temperature is None else temperature,
+                       max_turns=max_turns, max_tokens=max_tokens or budget, repetition=repetition,
+                       format=format_name)
     sandbox = make_sandbox(list(sandbox_urls), config=SandboxConfig(workers=1, isolation=not unsafe))
     console = Console(stderr=as_json)
     try:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rstar2_agent.agent import AgentConfig
 from rstar2_agent.chat.conversation import ChatOptions
 from rstar2_agent.chat.terminal import Renderer
-from rstar2_agent.models import chat_budget
+from rstar2_agent.models import chat_defaults
 from rstar2_agent.repetition import RepetitionStop
 from rstar2_agent.trajectory import Trajectory, Turn
 
@@ -52,5 +52,6 @@ def test_output_piped_to_a_file_holds_the_text_alone():
 def test_chat_stops_loops_by_default_and_eval_and_rl_do_not():
     assert ChatOptions().repetition == RepetitionStop()
     assert AgentConfig().repetition is None  # the loop's default: eval and RL measure the model as it is
-    assert chat_budget("smollm2-135m") == 1024 and chat_budget("rstar2-agent-14b") == 4096
-    assert chat_budget("/some/folder") == 4096
+    assert chat_defaults("smollm2-135m") == (1024, 0.6) and chat_defaults("rstar2-agent-14b") == (4096, 0.6)
+    assert chat_defaults("smollm2-agent") == (1024, 0.0)  # the made agent decodes greedily
+    assert chat_defaults("/some/folder") == (4096, 0.6)
