@@ -134,7 +134,10 @@ class SFTConfig:
     batch_examples: int = 0
     # pack the examples of a row with their common leading tokens (the system prompt and tool list) once: the same
     # loss and gradients in fewer tokens (data/chat_data.py). Without batch_examples a row then holds more examples,
-    # so a step of micro_batch x grad_accum rows is a larger batch
+    # so a step of micro_batch x grad_accum rows is a larger batch. On one process without gradient checkpointing a
+    # row is computed in two passes (the prefix, then its examples as a batch attending to the prefix's keys and
+    # values, kept in the graph): attention over what each example sees, not the whole row; under FSDP or gradient
+    # checkpointing, one pass with a block mask (the same loss and gradients, more attention compute)
     share_prefix: bool = False
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs

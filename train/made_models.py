@@ -1,6 +1,6 @@
 """Models the project makes from the embedded base with its own recipes, once per machine: today the default agent
 of `rstar2 chat` and `rstar2 serve` (`smollm2-agent`), the embedded SmolLM2-135M-Instruct after the SFT recipe
-`sft-smollm2-agent` (256 everyday "compute this" asks, train/data/asks.py: one Hermes call to the Python tool and a
+`sft-smollm2-agent` (444 everyday "compute this" asks, train/data/asks.py: one Hermes call to the Python tool and a
 boxed answer each).
 
 A made model lives in `$RSTAR2_HOME/models/NAME-KEY`, KEY a hash of the recipe as resolved, the data as loaded and

@@ -24,7 +24,7 @@ from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.models import resolve_model
 
 from .config import SFTConfig
-from .data.chat_data import DataStats, Example, Row, collate, pack
+from .data.chat_data import DataStats, Example, Row, collate, collate_shared, pack
 from .data.sft_mix import load_mix, render_parts, report
 from .learner.model import TorchLearner
 from .run_frame import RunFrame, resume_from, save_checkpoint
@@ -99,10 +99,16 @@ class SFTRun:
         passes = math.ceil(math.ceil(len(rows) / self.world) / cfg.micro_batch)
         parts = [mine[i * cfg.micro_batch:(i + 1) * cfg.micro_batch] or [Row([Example([pad_id], [0])])]
                  for i in range(passes)]
+        # a row's shared prefix in its own pass (collate_shared) on one process; under FSDP every rank must make the
+        # same number of forward passes, and gradient checkpointing keeps no keys and values: the block mask
+        two_pass = cfg.share_prefix and self.world == 1 and not cfg.gradient_checkpointing
         t0 = time.perf_counter()
         loss = 0.0
         for micro in parts:
-            part = learner.sft_loss(collate(micro, pad_id), denominator)
+            if two_pass and len(micro) == 1 and micro[0].prefix and len(micro[0].docs) > 1:
+                part = learner.sft_loss(collate_shared(micro[0], pad_id), denominator)
+            else:
+                part = learner.sft_loss(collate(micro, pad_id), denominator)
             # each rank's loss is its share of the step's sum (the denominator counts every rank's tokens), and FSDP
             # averages the gradients over the ranks: times the world size, their mean is the sum, the gradient of
             # the whole step's loss, whatever the number of ranks (as RL's `scale`)

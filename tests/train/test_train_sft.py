@@ -18,7 +18,15 @@ from rstar2_agent.chat_format import ChatFormat
 from rstar2_agent.synthetic import conversations, problems
 from rstar2_agent.train.config import CheckpointConfig, OptimConfig, SFTConfig
 from rstar2_agent.train.data import converters
-from rstar2_agent.train.data.chat_data import DataStats, collate, load_examples, pack, read_jsonl, render
+from rstar2_agent.train.data.chat_data import (
+    DataStats,
+    collate,
+    collate_shared,
+    load_examples,
+    pack,
+    read_jsonl,
+    render,
+)
 from rstar2_agent.train.learner.model import lr_factor
 from rstar2_agent.train.recipe import RecipeError, load
 from rstar2_agent.train.run_frame import checkpoints
@@ -121,6 +129,35 @@ def test_a_shared_prefix_gives_the_same_loss_and_gradients_in_fewer_tokens(tiny_
     # the first target's prediction stays in the example's own part: a prefix never reaches it
     batch = collate(shared, 0)
     assert (batch["labels"][0, :shared[0].prefix + 1] == -100).all()
+
+
+def test_the_learners_two_pass_shared_prefix_gives_the_block_masks_loss_and_gradients(tiny_smollm2, fmt):
+    """The learner's own sft_loss on a shared-prefix row in two passes (the prefix once, its keys and values kept in
+    the graph by the model's real cache, then the examples as a batch: what one-process SFT runs) against the one
+    pass with the block mask: the same loss and every parameter's gradient."""
+    from rstar2_agent.train.learner.model import TorchLearner
+
+    learner = TorchLearner(tiny_smollm2, OptimConfig(lr=1e-3), 10, dtype="fp32")
+    examples = load_examples(fmt, conversations(7, 3) + conversations(8, 2), max_len=2048)
+    (row,) = pack(examples, 8192, seed=0, share_prefix=True)
+    assert len(row.docs) == 5 and len({len(d.ids) for d in row.docs}) > 1  # examples of several lengths: padded
+    targets = sum(sum(d.mask) for d in row.docs)
+
+    def loss_and_grads(batch):
+        learner.model.zero_grad()
+        loss = learner.sft_loss(batch, targets)
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in learner.model.named_parameters()}
+
+    two = collate_shared(row, 0)
+    assert two["prefix_ids"].shape == (1, row.prefix) and two["input_ids"].size(0) == 5
+    assert (two["labels"] != -100).sum() == targets
+    (loss_1, grads_1), (loss_2, grads_2) = loss_and_grads(collate([row], 0)), loss_and_grads(two)
+    assert loss_2 == pytest.approx(loss_1, rel=1e-5)
+    for name, g in grads_1.items():
+        assert torch.allclose(grads_2[name], g, rtol=1e-4, atol=1e-6), name
+    with pytest.raises(ValueError, match="share a prefix"):
+        collate_shared(pack(examples[:1], 8192, seed=0, share_prefix=True)[0], 0)
 
 
 def test_converters_on_each_format():

@@ -266,3 +266,28 @@ def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     mask = same & causal & (doc[:, :, None] != -1)
     mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no all-masked rows)
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask[:, None]}
+
+
+def collate_shared(row: Row, pad_id: int) -> dict[str, torch.Tensor]:
+    """One row with a shared prefix as two passes' inputs: `prefix_ids` [1, prefix], then the examples' own parts as
+    a batch (input_ids, labels, position_ids continuing after the prefix, right-padded) whose `attention_mask`
+    [examples, prefix + width] covers the prefix's keys and values and each example's own tokens. The same loss and
+    gradients as `collate`'s block mask; each example attends only to what it sees, not to the whole row."""
+    p = row.prefix
+    if not p or len(row.docs) < 2:
+        raise ValueError("collate_shared takes a row whose examples share a prefix")
+    width = max(len(d.ids) for d in row.docs) - p
+    ids = torch.full((len(row.docs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(row.docs), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(row.docs), p + width), dtype=torch.long)
+    attention[:, :p] = 1
+    for b, ex in enumerate(row.docs):
+        part, target = torch.tensor(ex.ids[p:]), torch.tensor(ex.mask[p:], dtype=torch.bool)
+        if target[0]:  # predicted at the prefix's last position, which is not computed here: shareable() forbids it
+            raise ValueError("a shared prefix must end before the token that precedes an example's first target")
+        ids[b, :len(part)] = part
+        labels[b, :len(part)] = torch.where(target, part, -100)
+        attention[b, p:p + len(part)] = 1
+    pos = torch.arange(p, p + width).expand(len(row.docs), -1).clone()
+    return {"prefix_ids": torch.tensor([row.docs[0].ids[:p]]), "input_ids": ids, "labels": labels,
+            "position_ids": pos, "attention_mask": attention}

@@ -234,16 +234,25 @@ class TorchLearner:
         The head runs only at the positions whose next token is a target in some row (the model's
         `logits_to_keep`): the other positions' logits would all be ignored, and a tool-use conversation is mostly
         prompt (the system prompt alone is hundreds of tokens), while on a small model the vocabulary's head is
-        most of the compute. The loss is the same sum over the same labelled tokens."""
+        most of the compute. The loss is the same sum over the same labelled tokens.
+
+        With `prefix_ids` (chat_data.collate_shared), the shared prefix runs first, once, and its keys and values
+        (in the graph: its gradients flow) serve every example of the batch."""
         labels = batch["labels"][:, 1:].to(self.device)
         keep = (labels != -100).any(0).nonzero().flatten()
         targets = labels[:, keep]
         if keep.numel() == 0:  # a padding row with no target (sft.py): one position, whose label is ignored
             keep = torch.zeros(1, dtype=torch.long, device=self.device)
             targets = torch.full((labels.size(0), 1), -100, dtype=labels.dtype, device=self.device)
-        inputs = {k: v.to(self.device) for k, v in batch.items() if k != "labels"}
+        inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "prefix_ids")}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
-            logits = self.model(**inputs, use_cache=False, logits_to_keep=keep).logits.float()
+            cache = None
+            if "prefix_ids" in batch:
+                cache = self.model(input_ids=batch["prefix_ids"].to(self.device), use_cache=True,
+                                   logits_to_keep=1).past_key_values
+                cache.batch_repeat_interleave(inputs["input_ids"].size(0))
+            logits = self.model(**inputs, past_key_values=cache, use_cache=cache is not None,
+                                logits_to_keep=keep).logits.float()
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
                                                  ignore_index=-100, reduction="sum") / max(1, denominator)
 
