@@ -305,13 +305,14 @@ def hang_grade(text: str, gold: str, extraction: str = "paper"):
     time.sleep(60)
 
 
-def chat_prompt_ids(question: str, format_name: str) -> list[int]:
-    """`rstar2 chat -p QUESTION --json --format F` on the embedded model (hf engine, 8 tokens): its prompt ids."""
+def chat_prompt_ids(question: str, format_name: str, model: str) -> list[int]:
+    """`rstar2 chat -p QUESTION --json --format F --model MODEL` (hf engine, 8 tokens): its prompt ids. The prompt is
+    the tokenizer's and the format's, so the tiny SmolLM2 (SmolLM2's tokenizer) gives SmolLM2's."""
     import json
     import subprocess
     import sys
 
-    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--model", "smollm2-135m", "--engine",
+    p = subprocess.run([str(Path(sys.executable).with_name("rstar2")), "chat", "--model", model, "--engine",
                         "hf", "-p", question,
                         "--json", "--format", format_name, "--max-turns", "1", "--max-tokens", "8", "--temperature",
                         "0"], capture_output=True, text=True, timeout=600)

@@ -263,10 +263,10 @@ async def test_a_loop_trajectory_has_the_template_s_ids_at_every_turn(smol_token
 
 @needs_reference
 @pytest.mark.slow
-def test_rstar2_chat_prints_the_template_s_prompt_ids(smol, smol_tokenizer):
+def test_rstar2_chat_prints_the_template_s_prompt_ids(tiny_smollm2, smol_tokenizer):
     q = "What is 2**10?"
     expected = oracle(smol_tokenizer, [{"role": "user", "content": q}], release_tools(), True, tokenize=True)
-    assert chat_prompt_ids(q, "rstar2-release") == list(expected)
+    assert chat_prompt_ids(q, "rstar2-release", tiny_smollm2) == list(expected)
 
 
 @needs_reference
