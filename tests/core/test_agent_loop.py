@@ -29,7 +29,7 @@ def check_structure(traj: Trajectory, fmt: ChatFormat) -> None:
 
 async def test_markdown_loop_runs_the_tool_and_masks_its_output(engine, sandbox):
     fmt = ChatFormat(engine.tokenizer, "markdown")
-    cfg = AgentConfig(max_turns=3, max_response_tokens=160, sampling=SamplingParams(temperature=0.0, max_tokens=80))
+    cfg = AgentConfig(max_turns=2, max_response_tokens=160, sampling=SamplingParams(temperature=0.0, max_tokens=80))
     traj = await run_agent(QUESTION, engine, sandbox, fmt, cfg)
     check_structure(traj, fmt)
     # Greedy SmolLM2 writes a python block first; the loop runs it and inserts an output block.
