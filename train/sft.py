@@ -105,7 +105,7 @@ class SFTRun:
         t0 = time.perf_counter()
         loss = 0.0
         for micro in parts:
-            if two_pass and len(micro) == 1 and micro[0].prefix and len(micro[0].docs) > 1:
+            if two_pass and len(micro) == 1 and micro[0].shared:
                 part = learner.sft_loss(collate_shared(micro[0], pad_id), denominator)
             else:
                 part = learner.sft_loss(collate(micro, pad_id), denominator)

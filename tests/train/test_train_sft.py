@@ -160,6 +160,25 @@ def test_the_learners_two_pass_shared_prefix_gives_the_block_masks_loss_and_grad
         collate_shared(pack(examples[:1], 8192, seed=0, share_prefix=True)[0], 0)
 
 
+def test_one_process_sft_runs_shared_rows_in_two_passes_with_the_step_of_the_examples_apart(tmp_path, tiny_smollm2,
+                                                                                           monkeypatch):
+    """SFTRun's own step with `share_prefix` on one process: its row goes through collate_shared (counted), and the
+    step's loss and gradient norm are those of the same examples packed without a shared prefix."""
+    from rstar2_agent.train import sft
+
+    rows_seen = []
+    two_pass = sft.collate_shared
+    monkeypatch.setattr(sft, "collate_shared", lambda row, pad: rows_seen.append(len(row.docs)) or two_pass(row, pad))
+    base = dict(model=tiny_smollm2, data=["synthetic:6:0"], batch_examples=3, seq_len=4096, dtype="fp32")
+    shared = sft.SFTRun(tiny(tmp_path / "shared", share_prefix=True, **base))
+    got = shared.train_step(shared.prepare())
+    apart = sft.SFTRun(tiny(tmp_path / "apart", **base))
+    want = apart.train_step(apart.prepare())
+    assert rows_seen == [3]  # the step's 3 examples, one row, two passes
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+
+
 def test_converters_on_each_format():
     glaive = converters.glaive_v2({
         "system": 'SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -'

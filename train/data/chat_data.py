@@ -194,6 +194,11 @@ class Row:
     def length(self) -> int:
         return self.prefix + sum(len(d.ids) - self.prefix for d in self.docs)
 
+    @property
+    def shared(self) -> int:
+        """The prefix its examples share (0 for a row of one example, which holds it as its own)."""
+        return self.prefix if len(self.docs) > 1 else 0
+
 
 def shareable(ex: Example) -> int:
     """How many leading tokens of `ex` a shared prefix may take: those before the token that precedes the first
@@ -248,7 +253,7 @@ def collate(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     doc = torch.full((len(rows), width), -1, dtype=torch.long)
     for b, row in enumerate(rows):
-        at = p = row.prefix if len(row.docs) > 1 else 0
+        at = p = row.shared
         if p:
             ids[b, :p] = torch.tensor(row.docs[0].ids[:p])
             pos[b, :p] = torch.arange(p)
@@ -273,8 +278,8 @@ def collate_shared(row: Row, pad_id: int) -> dict[str, torch.Tensor]:
     a batch (input_ids, labels, position_ids continuing after the prefix, right-padded) whose `attention_mask`
     [examples, prefix + width] covers the prefix's keys and values and each example's own tokens. The same loss and
     gradients as `collate`'s block mask; each example attends only to what it sees, not to the whole row."""
-    p = row.prefix
-    if not p or len(row.docs) < 2:
+    p = row.shared
+    if not p:
         raise ValueError("collate_shared takes a row whose examples share a prefix")
     width = max(len(d.ids) for d in row.docs) - p
     ids = torch.full((len(row.docs), width), pad_id, dtype=torch.long)
