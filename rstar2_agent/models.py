@@ -36,7 +36,7 @@ class ModelSpec:
     chat_template: str | None = None  # None: the tokenizer's own (ChatML when it has none)
     format_note: str = ""  # why this format: printed where a command says which format it uses
     chat_max_tokens: int = 4096  # `rstar2 chat`'s response budget by default (a tiny model's is sized to its speed)
-    chat_temperature: float = 0.6  # `rstar2 chat`'s sampling temperature by default
+    temperature: float = 0.6  # what chat, and a request to serve that sets none, sample at
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -55,10 +55,10 @@ REGISTRY: dict[str, ModelSpec] = {
                                   "format its prompt and trace figures show (the release's code came later)"),
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     # The default agent of chat and serve: the embedded SmolLM2 after the project's own SFT (train/made_models.py).
-    # Chat decodes it greedily: a 135M model taught one pattern samples its way off it (docs/results.md: 31 of the
-    # 40 development prompts right at temperature 0, 26 at 0.6).
+    # Chat and serve decode it greedily by default: a 135M model taught one pattern samples its way off it
+    # (docs/results.md: 31 of the 40 development prompts right at temperature 0, 26 at 0.6).
     "smollm2-agent": ModelSpec("smollm2-agent", format="hermes", context_length=8192, chat_max_tokens=1024,
-                               chat_temperature=0.0,
+                               temperature=0.0,
                                format_note="the project's SFT taught it one Hermes call to the Python tool"),
     "qwen2.5-math-7b-instruct": ModelSpec("qwen2.5-math-7b-instruct", hub_id="Qwen/Qwen2.5-Math-7B-Instruct",
                                           format="markdown", context_length=4096),
@@ -129,9 +129,16 @@ def resolve_model(name_or_path: str | None = None) -> ResolvedModel:
 def chat_defaults(model: str | None) -> tuple[int, float]:
     """`rstar2 chat`'s default response budget and temperature for `model` (nothing is loaded): the registry's
     `chat_max_tokens` (1024 for the embedded 135M models: they answer in a few hundred tokens, and past that they
-    mostly loop) and `chat_temperature` (0 for the made agent), else 4096 tokens at 0.6."""
+    mostly loop) and `temperature` (default_temperature), else 4096 tokens at 0.6."""
     spec = REGISTRY.get((model or DEFAULT_MODEL).lower()) or ModelSpec("")
-    return spec.chat_max_tokens, spec.chat_temperature
+    return spec.chat_max_tokens, default_temperature(model)
+
+
+def default_temperature(model: str | None) -> float:
+    """The temperature `model` samples at when none is asked for, in chat and in serve (as vLLM's server takes a
+    model's default sampling from its generation config): the registry's `temperature` (0 for the made agent), else
+    0.6, the paper's evaluation temperature."""
+    return (REGISTRY.get((model or DEFAULT_MODEL).lower()) or ModelSpec("")).temperature
 
 
 def checkpoint_meta(model: str | None) -> Path | None:

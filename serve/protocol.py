@@ -233,7 +233,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
-    temperature: float = Field(default=0.6, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the server's default (--temperature)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=MAX_N)

@@ -50,6 +50,9 @@ from rstar2_agent.cli_options import engine_option, repetition_option, replica_o
               help="The default and the most a request's max_turns may ask for.")
 @click.option("--max-tokens", type=click.IntRange(1), default=8192, show_default=True,
               help="Default response budget when a request sets none.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None,
+              help="The sampling temperature of a request that sets none. Default: the model's: 0 (greedy) for "
+              "smollm2-agent, 0.6 for the others.")
 @click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="A tool call's default wall-time limit.")
 @click.option("--max-tool-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
@@ -77,9 +80,9 @@ from rstar2_agent.cli_options import engine_option, repetition_option, replica_o
 def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, served_model_name, host, port, api_key,
               public_health, public_metrics, sandbox_urls, sandbox_workers, max_concurrency,
               max_concurrency_per_client, tool_seconds_per_client, max_body_mb, header_timeout, body_timeout,
-              max_connections_per_client, forwarded_allow_ips, max_turns, max_tokens, tool_timeout, max_tool_timeout,
-              stall_timeout, repetition, format_name, raw_reasoning, forced_call_text_tokens, max_containers,
-              container_idle_timeout, max_stored_responses, max_stored_mb, unsafe) -> None:
+              max_connections_per_client, forwarded_allow_ips, max_turns, max_tokens, temperature, tool_timeout,
+              max_tool_timeout, stall_timeout, repetition, format_name, raw_reasoning, forced_call_text_tokens,
+              max_containers, container_idle_timeout, max_stored_responses, max_stored_mb, unsafe) -> None:
     """Serve the agent as an OpenAI-compatible API that runs the Python tool itself (`rstar2 bench serve`: against
     vLLM's own server)."""
     if ctx.invoked_subcommand is not None:
@@ -88,7 +91,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
 
     from rstar2_agent.engines import EngineError
     from rstar2_agent.engines.spec import EngineSpec
-    from rstar2_agent.models import DEFAULT_AGENT, ModelError, resolve_model
+    from rstar2_agent.models import DEFAULT_AGENT, ModelError, default_temperature, resolve_model
     from rstar2_agent.sandbox import SandboxConfig, make_sandbox
 
     from .app import create_app
@@ -111,6 +114,7 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
     cfg = ServeConfig(model_name=os.path.basename(name.rstrip("/")) if os.path.isdir(name) else name,
                       format=format_name or resolved.spec.format,
                       chat_template=resolved.spec.chat_template, max_turns=max_turns, max_tokens=max_tokens,
+                      temperature=default_temperature(model) if temperature is None else temperature,
                       tool_timeout=tool_timeout, max_concurrency=max_concurrency, api_key=api_key,
                       stall_timeout=stall_timeout or None, separate_reasoning=not raw_reasoning,
                       forced_call_text_tokens=forced_call_text_tokens, max_containers=max_containers,
@@ -129,7 +133,8 @@ def serve_cmd(ctx, model, engine, urls, replicas, replica_policy, served_model, 
             raise click.ClickException(str(e)) from e
         app = create_app(Server(eng, make_sandbox(list(sandbox_urls), config=config), cfg))
         pool = f" x {len(urls) or replicas} ({replica_policy})" if len(urls) > 1 or replicas > 1 else ""
-        click.echo(f"rstar2 serve: {cfg.model_name} on {kind}{pool}, http://{host}:{port}/v1", err=True)
+        click.echo(f"rstar2 serve: {cfg.model_name} on {kind}{pool}, http://{host}:{port}/v1 (a request that sets no "
+                   f"temperature samples at {cfg.temperature:g})", err=True)
         await uvicorn.Server(uvicorn_config(app, host, port, cfg)).serve()
 
     asyncio.run(main())

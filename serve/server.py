@@ -54,6 +54,7 @@ class ServeConfig:
     chat_template: str | None = None
     max_turns: int = 30  # the default and the most a request may ask for
     max_tokens: int = 8192  # default response budget when a request sets none
+    temperature: float = 0.6  # the sampling temperature of a request that sets none (serve: the model's default)
     tool_timeout: float = 10.0  # a call's default wall-time limit
     max_tool_timeout: float = 60.0  # the most a request's tool_timeout may ask for
     max_concurrency: int = 64
@@ -150,9 +151,13 @@ class Server:
             raise OpenAIError(400, f"{param}[{bad}] is {ids[bad]}; token ids must be integers in "
                               f"[0, {self.vocab_size})", f"{param}[{bad}]")
 
+    def temperature(self, req: Any) -> float:
+        """The request's temperature, else the server's default for its model (ServeConfig.temperature)."""
+        return self.cfg.temperature if req.temperature is None else req.temperature
+
     def sampling(self, req: Any, index: int, budget: int | None, **extra: Any) -> SamplingParams:
         seed = None if req.seed is None else req.seed + index
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=seed,
+        return SamplingParams(temperature=self.temperature(req), top_p=req.top_p, seed=seed,
                               max_tokens=budget or self.cfg.max_tokens, stop=req.stops(), **extra)
 
     def forced_call(self, req: ChatRequest) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rstar2_agent.agent import AgentConfig
 from rstar2_agent.chat.conversation import ChatOptions
 from rstar2_agent.chat.terminal import Renderer
-from rstar2_agent.models import chat_defaults
+from rstar2_agent.models import chat_defaults, default_temperature
 from rstar2_agent.repetition import RepetitionStop
 from rstar2_agent.trajectory import Trajectory, Turn
 
@@ -55,3 +55,4 @@ def test_chat_stops_loops_by_default_and_eval_and_rl_do_not():
     assert chat_defaults("smollm2-135m") == (1024, 0.6) and chat_defaults("rstar2-agent-14b") == (4096, 0.6)
     assert chat_defaults("smollm2-agent") == (1024, 0.0)  # the made agent decodes greedily
     assert chat_defaults("/some/folder") == (4096, 0.6)
+    assert default_temperature("smollm2-agent") == 0.0 and default_temperature(None) == 0.6  # serve's, the same

@@ -219,10 +219,10 @@ async def test_load_64_concurrent_requests(tiny_url):
     assert 'rstar2_tokens_total{kind="completion"}' in metrics
 
 
-async def test_serve_cli_spreads_conversations_over_replicas(tiny_smollm2):
+async def test_serve_cli_spreads_conversations_over_replicas(tiny_smollm2, tmp_path):
     """`rstar2 serve --replicas 2` (the real CLI in a subprocess, on the tiny SmolLM2: the machinery): concurrent
     conversations land on both hf replicas, each multi-turn conversation on one of them, and /health shows every
-    replica's load."""
+    replica's load; its start-up line says the temperature a request that sets none gets (--temperature's)."""
     import sys
     from pathlib import Path
 
@@ -233,8 +233,9 @@ async def test_serve_cli_spreads_conversations_over_replicas(tiny_smollm2):
     port = free_port()
     argv = [str(Path(sys.executable).with_name("rstar2")), "serve", "--model", tiny_smollm2, "--served-model-name",
             "smollm2-135m", "--port", str(port), "--replicas", "2", "--replica-policy", "least_outstanding",
-            "--sandbox-workers", "1", "--format", "markdown"]
-    with running(argv, port, timeout=240) as url:
+            "--sandbox-workers", "1", "--format", "markdown", "--temperature", "0"]
+    log = tmp_path / "serve.log"
+    with running(argv, port, timeout=240, log=log) as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         replies = await asyncio.gather(*(client.chat.completions.create(
             model="smollm2-135m", max_tokens=48, temperature=0.0, extra_body={"max_turns": 2},
@@ -243,6 +244,7 @@ async def test_serve_cli_spreads_conversations_over_replicas(tiny_smollm2):
         async with httpx.AsyncClient() as c:
             health = (await c.get(f"{url}/health")).json()
     engine = health["engine"]
+    assert "a request that sets no temperature samples at 0)" in log.read_text()  # --temperature, not the 0.6
     assert engine["policy"] == "least_outstanding" and len(engine["replicas"]) == 2
     placed = [r["placed"] for r in engine["replicas"]]
     assert sum(placed) == 6 and min(placed) > 0  # one placement per conversation, on both replicas

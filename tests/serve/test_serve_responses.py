@@ -213,6 +213,21 @@ async def test_scripted_engine_gets_instructions_budget_and_sampling(smol_tokeni
     assert prompt.startswith("<|im_start|>system\nAnswer in French.") and "Say hello." in prompt
 
 
+async def test_a_request_without_a_temperature_samples_at_the_servers_default(smol_tokenizer, sandbox):
+    """`rstar2 serve` sets ServeConfig.temperature to the model's default (0 for the made agent: models.py's
+    default_temperature; --temperature overrides). The scripted engine (a fake model: what reaches the engine is the
+    point) records each request's sampling: the server's default where a request sets none, on each of the three
+    APIs (and the response says it), the request's own where it sets one."""
+    engine = Script(smol_tokenizer, ["Hi."] * 4)
+    hi = [{"role": "user", "content": "Hi."}]
+    async with serving(engine, sandbox, "hermes", temperature=0.0) as (client, _):
+        await client.chat.completions.create(model=MODEL, messages=hi, max_tokens=4)
+        await client.completions.create(model=MODEL, prompt="Hi.", max_tokens=4)
+        r = await client.responses.create(model=MODEL, input="Hi.", max_output_tokens=4)
+        await client.chat.completions.create(model=MODEL, messages=hi, max_tokens=4, temperature=0.9)
+    assert [s.temperature for s in engine.sampling] == [0.0, 0.0, 0.0, 0.9] and r.temperature == 0.0
+
+
 @pytest.mark.parametrize("kw, param", [
     ({"tool_choice": "required", "tools": CODE}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "get_weather"}, "tools": [WEATHER]}, "tool_choice"),
