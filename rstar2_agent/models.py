@@ -81,7 +81,7 @@ def rstar2_home() -> Path:
 DEFAULT_AGENT = "smollm2-agent"
 MADE = {DEFAULT_AGENT: "the embedded SmolLM2-135M-Instruct after the SFT recipe sft-smollm2-agent (444 everyday "
                        "'compute this' asks): it writes a Python call, reads the result and boxes an answer; "
-                       "right on 10 of 20 held-out prompts (greedy, chat's default for it)"}
+                       "right on 10 of 20 held-out prompts (greedy, its default in chat and serve)"}
 MAKERS: dict[str, Callable[[], Path]] = {}
 
 
