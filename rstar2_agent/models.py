@@ -56,7 +56,7 @@ REGISTRY: dict[str, ModelSpec] = {
     "qwen3-14b-base": ModelSpec("qwen3-14b-base", hub_id="Qwen/Qwen3-14B-Base", context_length=32768),
     # The default agent of chat and serve: the embedded SmolLM2 after the project's own SFT (train/made_models.py).
     # Chat and serve decode it greedily by default: a 135M model taught one pattern samples its way off it
-    # (docs/results.md: 31 of the 40 development prompts right at temperature 0, 26 at 0.6).
+    # (docs/results.md: 33 of the 40 development prompts right at temperature 0, 31 at 0.6).
     "smollm2-agent": ModelSpec("smollm2-agent", format="hermes", context_length=8192, chat_max_tokens=1024,
                                temperature=0.0,
                                format_note="the project's SFT taught it one Hermes call to the Python tool"),
@@ -81,7 +81,7 @@ def rstar2_home() -> Path:
 DEFAULT_AGENT = "smollm2-agent"
 MADE = {DEFAULT_AGENT: "the embedded SmolLM2-135M-Instruct after the SFT recipe sft-smollm2-agent (444 everyday "
                        "'compute this' asks): it writes a Python call, reads the result and boxes an answer; "
-                       "right on 10 of 20 held-out prompts (greedy, its default in chat and serve)"}
+                       "right on 11 of 20 held-out prompts (greedy, its default in chat and serve)"}
 MAKERS: dict[str, Callable[[], Path]] = {}
 
 
