@@ -130,15 +130,19 @@ def chat_defaults(model: str | None) -> tuple[int, float]:
     """`rstar2 chat`'s default response budget and temperature for `model` (nothing is loaded): the registry's
     `chat_max_tokens` (1024 for the embedded 135M models: they answer in a few hundred tokens, and past that they
     mostly loop) and `temperature` (default_temperature), else 4096 tokens at 0.6."""
-    spec = REGISTRY.get((model or DEFAULT_MODEL).lower()) or ModelSpec("")
-    return spec.chat_max_tokens, default_temperature(model)
+    return _spec(model).chat_max_tokens, default_temperature(model)
 
 
 def default_temperature(model: str | None) -> float:
     """The temperature `model` samples at when none is asked for, in chat and in serve (as vLLM's server takes a
     model's default sampling from its generation config): the registry's `temperature` (0 for the made agent), else
     0.6, the paper's evaluation temperature."""
-    return (REGISTRY.get((model or DEFAULT_MODEL).lower()) or ModelSpec("")).temperature
+    return _spec(model).temperature
+
+
+def _spec(model: str | None) -> ModelSpec:
+    """`model`'s registry entry, else the defaults (a folder, a hub id)."""
+    return REGISTRY.get((model or DEFAULT_MODEL).lower()) or ModelSpec("")
 
 
 def checkpoint_meta(model: str | None) -> Path | None:

@@ -183,9 +183,9 @@ class Responses:
             "id": plan.id, "object": "response", "created_at": plan.created, "status": status, "model":
             self.server.cfg.model_name, "output": copy.deepcopy(out.items), "error": None, "incomplete_details": None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "previous_response_id": req.previous_response_id, "temperature":
-            self.server.temperature(plan.chat),
-            "top_p": plan.chat.top_p, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
+            "previous_response_id": req.previous_response_id,
+            "temperature": self.server.temperature(plan.chat), "top_p": plan.chat.top_p, "tools": req.tools or [],
+            "tool_choice": req.tool_choice or "auto",
             "parallel_tool_calls": req.parallel_tool_calls, "store": req.store, "metadata": req.metadata or {},
             "user": req.user, "text": {"format": {"type": "text"}}, "truncation": "disabled", "background": False,
             "reasoning": {"effort": None, "summary": None}, "usage": None}
