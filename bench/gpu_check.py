@@ -443,7 +443,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
     ap.add_argument("--skip", default="",
                     help="comma-separated parts to skip: learner, generation, parity, memory, fork, sdpa, fsdp, "
-                         "colocated")
+                         "push_ipc, push_probe, colocated")
     args = ap.parse_args(argv)
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
              "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
