@@ -414,6 +414,10 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
 
 
 # ---------------------------------------------------------------------------------------------------- main
+# the parts `--skip` can leave out, in the order they run
+PARTS = ("learner", "fork", "sdpa", "fsdp", "push_ipc", "push_probe", "generation", "parity", "memory", "colocated")
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -441,10 +445,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="memory probe: the LM head's token chunk (0: full fp32 logits, the plan's checked case)")
     ap.add_argument("--mem-layers", default="2,4", help="memory probe: the depths (comma-separated)")
     ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
-    ap.add_argument("--skip", default="",
-                    help="comma-separated parts to skip: learner, generation, parity, memory, fork, sdpa, fsdp, "
-                         "push_ipc, push_probe, colocated")
+    ap.add_argument("--skip", default="", help=f"comma-separated parts to skip: {', '.join(PARTS)}")
     args = ap.parse_args(argv)
+    unknown = sorted({s.strip() for s in args.skip.split(",") if s.strip()} - set(PARTS))
+    if unknown:  # a misspelled part would otherwise run, unnoticed
+        ap.error(f"--skip: no part named {', '.join(unknown)}; the parts: {', '.join(PARTS)}")
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
              "gen_prompt": (128, 16), "gen_tokens": (256, 16), "mem_shape": ("qwen3-14b", "tiny"),
              "mem_tokens": (8192, 128), "mem_rows": (1, 2), "sdpa_seq": ("8192,12288", "64"), "fsdp_seq": (1024, 32),

@@ -39,3 +39,14 @@ def test_gpu_check_runs_end_to_end_in_tiny_cpu_mode(tmp_path):
                                   "wake(kv_cache)"] * 2
     assert colocated["probe_ok"] and all(s["update_peak_gib"] > 0 and s["plan_update_gib"] > 0
                                          and s["learner_tokens_per_s"] > 0 for s in colocated["steps"])
+
+
+def test_a_misspelled_part_to_skip_is_refused_naming_the_parts(capsys):
+    """`--skip pushipc` would otherwise run the part it meant to leave out, unnoticed."""
+    from rstar2_agent.bench.gpu_check import PARTS, parse
+
+    assert parse(["--skip", "learner, push_ipc"]).skip == "learner, push_ipc"
+    with pytest.raises(SystemExit) as e:
+        parse(["--skip", "learner,pushipc"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no part named pushipc" in err and all(p in err for p in PARTS)
