@@ -236,7 +236,7 @@ def test_loss_falls_and_the_checkpoint_answers_in_chat(sft_checkpoint):
     assert (final / "model.safetensors").is_file() and (final / "trainer_state.pt").is_file()
     assert json.loads((final / "rstar2.json").read_text())["format"] == "hermes"
     p = subprocess.run([RSTAR2, "chat", "--model", str(final), "--engine", "hf", "--temperature", "0", "--max-tokens",
-                        "128", "--max-turns", "2", "-p", "What is the greatest common divisor of 1234 and 5678?",
+                        "64", "--max-turns", "1", "-p", "What is the greatest common divisor of 1234 and 5678?",
                         "--json"], capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     traj = json.loads(p.stdout)
@@ -330,43 +330,50 @@ def test_batch_examples_counts_examples_per_step_and_an_epoch_takes_each_once(tm
         SFTRun(tiny(tmp_path, model=tiny_smollm2, batch_examples=-1))
 
 
-def sft_rank(cfg: SFTConfig) -> tuple[float, float, int]:
-    """One optimizer step of SFT on this rank (under torchrun's environment: FSDP2 over the ranks); its logged gradient
-    norm and loss, and the number of packed rows."""
+def sft_rank(cfgs: list[SFTConfig]) -> list[tuple[float, float, int]]:
+    """One optimizer step of SFT on this rank for each of `cfgs` in turn (under torchrun's environment: FSDP2 over
+    the ranks, one process group for all); each step's logged gradient norm and loss, and its number of packed
+    rows."""
     from rstar2_agent.train.sft import SFTRun
 
-    run = SFTRun(cfg)
-    metrics = run.train_step(run.prepare())
-    return metrics["grad_norm"], metrics["loss"], len(run.rows)
+    out = []
+    for cfg in cfgs:
+        run = SFTRun(cfg)
+        metrics = run.train_step(run.prepare())
+        out.append((metrics["grad_norm"], metrics["loss"], len(run.rows)))
+    return out
+
+
+# `rows`: 2 packed rows a step (2 ranks x 1, or 1 process x 2 accumulated); `examples`: 3 examples a step (the
+# paper's way of counting), packed into fewer rows than ranks, so one rank runs a padding pass with no target to
+# keep FSDP's collectives in step; `frozen`: rows, with the embeddings and layer 0 frozen (FSDP's root unit then
+# holds a frozen and a trained parameter)
+FSDP_CASES = {"rows": {}, "examples": {"batch_examples": 3, "seq_len": 4096}, "frozen": {"frozen_layers": 1}}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("batch", ["rows", "examples", "frozen"])
-def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2, batch):
-    """The same step on two FSDP2 ranks over gloo and in one process: the same gradient norm and loss. `rows`: 2
-    packed rows a step (2 ranks x 1, or 1 process x 2 accumulated); `examples`: 3 examples a step (the paper's way of
-    counting), packed into fewer rows than ranks, so one rank runs a padding pass with no target to keep FSDP's
-    collectives in step; `frozen`: rows, with the embeddings and layer 0 frozen (FSDP's root unit then holds a frozen
-    and a trained parameter). FSDP averages the ranks' gradients, so unscaled the two ranks' norm is half (with 8 GPUs
-    an eighth, and grad_clip 1.0 acting as 8.0)."""
+def test_two_fsdp_ranks_give_the_gradient_of_one_process(tmp_path, tiny_smollm2):
+    """The same step on two FSDP2 ranks over gloo and in one process: the same gradient norm and loss, in each of
+    FSDP_CASES (one pair of rank processes runs the three, each case a learner of its own). FSDP averages the ranks'
+    gradients, so unscaled the two ranks' norm is half (with 8 GPUs an eighth, and grad_clip 1.0 acting as 8.0)."""
     from gloo_ranks import run_ranks
 
     from rstar2_agent.train.sft import SFTRun
 
     base = dict(model=tiny_smollm2, data=["synthetic:16:0"], micro_batch=1, dtype="fp32")
-    if batch == "examples":
-        base |= {"batch_examples": 3, "seq_len": 4096}  # the 3 fit one row
-    if batch == "frozen":
-        base |= {"frozen_layers": 1}
-    one = SFTRun(tiny(tmp_path / "one", grad_accum=2, **base))
-    want = one.train_step(one.prepare())
-    if batch == "examples":
-        assert len(one.step_rows(0)) == 1 and sum(len(r.docs) for r in one.step_rows(0)) == 3
-    else:
-        assert len(one.rows) >= 2
-    ranks = run_ranks(sft_rank, 2, tiny(tmp_path / "two", grad_accum=1, **base))
-    assert ranks[0][2] == len(one.rows)
-    for grad_norm, loss, _ in ranks:
-        assert grad_norm == pytest.approx(want["grad_norm"], rel=1e-4)
-        assert loss == pytest.approx(want["loss"], rel=1e-5)
+    wants = []
+    for case, extra in FSDP_CASES.items():
+        one = SFTRun(tiny(tmp_path / case / "one", grad_accum=2, **base, **extra))
+        wants.append((case, one.train_step(one.prepare()), len(one.rows)))
+        if case == "examples":  # the 3 fit one row
+            assert len(one.step_rows(0)) == 1 and sum(len(r.docs) for r in one.step_rows(0)) == 3
+        else:
+            assert len(one.rows) >= 2
+    ranks = run_ranks(sft_rank, 2, [tiny(tmp_path / case / "two", grad_accum=1, **base, **extra)
+                                    for case, extra in FSDP_CASES.items()])
+    for k, (case, want, rows) in enumerate(wants):
+        assert ranks[0][k][2] == rows, case
+        for grad_norm, loss, _ in (rank[k] for rank in ranks):
+            assert grad_norm == pytest.approx(want["grad_norm"], rel=1e-4), case
+            assert loss == pytest.approx(want["loss"], rel=1e-5), case
