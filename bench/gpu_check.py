@@ -418,6 +418,11 @@ def memory_probe(args: argparse.Namespace, device: torch.device) -> dict[str, An
 PARTS = ("learner", "fork", "sdpa", "fsdp", "push_ipc", "push_probe", "generation", "parity", "memory", "colocated")
 
 
+def skipped(text: str) -> set[str]:
+    """The part names of a `--skip` value."""
+    return {s.strip() for s in text.split(",") if s.strip()}
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -447,7 +452,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mem-precisions", default="autocast,bf16", help="memory probe: autocast and/or bf16")
     ap.add_argument("--skip", default="", help=f"comma-separated parts to skip: {', '.join(PARTS)}")
     args = ap.parse_args(argv)
-    unknown = sorted({s.strip() for s in args.skip.split(",") if s.strip()} - set(PARTS))
+    unknown = sorted(skipped(args.skip) - set(PARTS))
     if unknown:  # a misspelled part would otherwise run, unnoticed
         ap.error(f"--skip: no part named {', '.join(unknown)}; the parts: {', '.join(PARTS)}")
     sizes = {"batch": (8, 4), "seq": (2048, 64), "micro_batch": (4, 2), "gen_batch": (16, 4),
@@ -467,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     device = torch.device(args.device)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    skip = skipped(args.skip)
     result: dict[str, Any] = {
         "device": str(device), "tiny": args.tiny, "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "peak_tflops": args.peak_tflops, "errors": {}}
