@@ -148,6 +148,9 @@ class SFTConfig:
     # and optimizer state are skipped (SmolLM2-135M, 20 of 30 frozen: a step about 1.8x faster on a CPU); 0, the
     # default: every parameter trained, as the paper's SFT
     frozen_layers: int = 0
+    # NEFTune (arXiv 2310.05914): uniform noise on the input embeddings while training, alpha / sqrt(L * d) in size
+    # (its paper: alpha 5 to 15); 0, the default: none, as the paper's SFT
+    neftune_alpha: float = 0.0
     gpu_memory_gib: float = 0.0  # the memory plan's GPU size (0: this machine's GPU); see train/plan/
     gpus: int = 0  # the node the recipe is written for: torchrun's processes the plan counts (0: $WORLD_SIZE, else 1)
     memory_check: bool = True  # false: start even when the memory plan says the recipe does not fit

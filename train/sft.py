@@ -82,7 +82,7 @@ class SFTRun:
         self.total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
         learner = TorchLearner(self.learner_init, cfg.optim, self.total, dtype=cfg.dtype,
                                gradient_checkpointing=cfg.gradient_checkpointing, frozen_layers=cfg.frozen_layers,
-                               checkpoint=cfg.checkpoint,
+                               checkpoint=cfg.checkpoint, neftune_alpha=cfg.neftune_alpha, seed=cfg.seed,
                                group_timeout_s=cfg.group_timeout_s)
         if self.last is not None:
             learner.load_state(self.last)

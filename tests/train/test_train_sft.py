@@ -286,6 +286,45 @@ def test_frozen_layers_keep_their_weights_the_rest_learns_and_a_resume_takes_the
         run_sft(tiny(tmp_path / "too-many", model=tiny_smollm2, max_steps=1, frozen_layers=2))
 
 
+def test_embedding_noise_is_neftunes_size_seeded_and_gone_after_the_block():
+    """NEFTune's noise: uniform, at most alpha / sqrt(L * d) an entry (about half that on average), the same from the
+    same seed, and only inside the block."""
+    from rstar2_agent.train.learner.model import embedding_noise
+
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(50, 64)
+    model.get_input_embeddings = lambda: model.embed
+    model.requires_grad_(False)
+    ids = torch.randint(0, 50, (3, 25))
+    plain = model.embed(ids)
+    with embedding_noise(model, 5.0, torch.Generator().manual_seed(1)):
+        noisy = model.embed(ids) - plain
+    with embedding_noise(model, 5.0, torch.Generator().manual_seed(1)):
+        again = model.embed(ids) - plain
+    bound = 5.0 / (25 * 64) ** 0.5
+    assert noisy.abs().max() <= bound and float(noisy.abs().mean()) == pytest.approx(bound / 2, rel=0.05)
+    assert torch.equal(noisy, again) and torch.equal(model.embed(ids), plain)  # seeded; the hook is removed
+    with embedding_noise(model, 0.0, torch.Generator()):
+        assert torch.equal(model.embed(ids), plain)
+
+
+def test_neftune_changes_the_loss_deterministically_and_a_resume_takes_the_same_step(tmp_path, tiny_smollm2):
+    """`neftune_alpha: 5`: another loss than without noise at the same step, the same on a second run, and a resume
+    from step 1 takes step 2's noise (drawn from the seed, the step and the rank, not the process's RNG)."""
+    import shutil
+
+    plain = run_sft(tiny(tmp_path / "plain", model=tiny_smollm2, max_steps=2))[1]
+    cfg = tiny(tmp_path / "noisy", model=tiny_smollm2, max_steps=2, save_every=1, neftune_alpha=5.0)
+    _, noisy = run_sft(cfg)
+    assert noisy[0]["loss"] != pytest.approx(plain[0]["loss"], rel=1e-6)
+    shutil.rmtree(Path(cfg.out) / "checkpoint-2")
+    torch.manual_seed(12345)  # the process's RNG is not where the noise comes from
+    _, resumed = run_sft(cfg, resume=True)
+    assert resumed[0]["loss"] == noisy[1]["loss"]
+    with pytest.raises(ValueError, match="neftune_alpha is a noise scale"):
+        run_sft(tiny(tmp_path / "negative", model=tiny_smollm2, max_steps=1, neftune_alpha=-1.0))
+
+
 @pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
     """... even with `checkpoint.keep: 1`: the old one goes only once the new one is whole."""

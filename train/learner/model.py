@@ -10,9 +10,11 @@ process. SFT and RL share it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -119,12 +121,35 @@ def freeze(model: torch.nn.Module, layers: int) -> None:
         layer.requires_grad_(False)
 
 
+@contextlib.contextmanager
+def embedding_noise(model: torch.nn.Module, alpha: float, generator: torch.Generator) -> Iterator[None]:
+    """NEFTune (Jain et al. 2023, arXiv 2310.05914) while the block runs: each forward pass's input embeddings get
+    uniform noise in [-1, 1] scaled by alpha / sqrt(L * d), L the pass's sequence length and d the hidden size,
+    drawn from `generator` (seeded by the caller, so a step's noise is the same on a resume). alpha 0: nothing."""
+    if not alpha:
+        yield
+        return
+
+    def add(_module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> torch.Tensor:
+        scale = alpha / math.sqrt(out.size(-2) * out.size(-1))
+        noise = torch.rand(out.shape, generator=generator, dtype=torch.float32) * 2 - 1
+        return out + (noise * scale).to(out.device, out.dtype)
+
+    handle = model.get_input_embeddings().register_forward_hook(add)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class TorchLearner:
     def __init__(self, model_path: str, optim: OptimConfig, total_steps: int, *, dtype: str = "auto",
                  gradient_checkpointing: bool = False, fsdp: bool = False, frozen_layers: int = 0,
-                 checkpoint: CheckpointConfig | None = None, group_timeout_s: float = GROUP_TIMEOUT_S):
+                 checkpoint: CheckpointConfig | None = None, group_timeout_s: float = GROUP_TIMEOUT_S,
+                 neftune_alpha: float = 0.0, seed: int = 0):
         """`fsdp`: shard with FSDP2 even as the only rank (the GPU check's one-rank group); more than one rank always
-        shards. `frozen_layers`: see `freeze`."""
+        shards. `frozen_layers`: see `freeze`. `neftune_alpha`: noise on the input embeddings in `sft_loss` (see
+        `embedding_noise`), drawn from (`seed`, step, rank)."""
         from transformers import AutoTokenizer
 
         self.rank, self.world = distributed(group_timeout_s)
@@ -143,6 +168,10 @@ class TorchLearner:
         self.optim_cfg, self.total_steps = optim, total_steps
         self.optimizer = self._new_optimizer()
         self.step = 0
+        if neftune_alpha < 0:
+            raise ValueError(f"neftune_alpha is a noise scale (0: none; its paper uses 5 to 15), not {neftune_alpha}")
+        self.neftune_alpha, self.seed = neftune_alpha, seed
+        self._noise: tuple[int, torch.Generator] | None = None  # (step, its generator)
 
     @classmethod
     def around(cls, model: torch.nn.Module, device: torch.device, *, bf16: bool) -> TorchLearner:
@@ -245,7 +274,10 @@ class TorchLearner:
             keep = torch.zeros(1, dtype=torch.long, device=self.device)
             targets = torch.full((labels.size(0), 1), -100, dtype=labels.dtype, device=self.device)
         inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "prefix_ids")}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded):
+        if self._noise is None or self._noise[0] != self.step:  # one stream a step, however many passes it makes
+            self._noise = (self.step, torch.Generator().manual_seed((self.seed * 1000003 + self.step) * 64 + self.rank))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded), \
+                embedding_noise(self.model, self.neftune_alpha, self._noise[1]):
             cache = None
             if "prefix_ids" in batch:
                 cache = self.model(input_ids=batch["prefix_ids"].to(self.device), use_cache=True,
