@@ -181,19 +181,24 @@ async def run_benchmark(bench: Benchmark, problems: list[Problem], ctx: Context,
 
 
 def rich_progress(console, label: str):
-    """A rich progress bar (samples done of those to run, running accuracy, errors, ETA) and its callback."""
+    """A rich progress bar (samples done of those to run, running accuracy, errors, ETA; plain lines where the
+    console is not a terminal) and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
+
+    from rstar2_agent.progress import PlainProgress
 
     bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
               TextColumn("acc {task.fields[acc]}"), TextColumn("{task.fields[errors]}"), TimeElapsedColumn(),
               TextColumn("eta"), TimeRemainingColumn(), console=console)
     task = bar.add_task(label, total=None, acc="-", errors="")
+    plain = PlainProgress(console, label)  # where the output is not a terminal: a line every 30 s
 
     def update(p: Progress) -> None:
         new = p.done - p.skipped
-        bar.update(task, total=p.total - p.skipped, completed=new, acc=f"{p.correct / new:.3f}" if new else "-",
-                   errors=f"{p.errors} errors" if p.errors else "",
+        acc, errors = f"{p.correct / new:.3f}" if new else "-", f"{p.errors} errors" if p.errors else ""
+        bar.update(task, total=p.total - p.skipped, completed=new, acc=acc, errors=errors,
                    description=label + (f" ({p.skipped} stored)" if p.skipped else ""))
+        plain(new, p.total - p.skipped, f"acc {acc}" + (f", {errors}" if errors else ""))
 
     return bar, update

@@ -546,7 +546,8 @@ def _recipe(cls, recipe: str, overrides: tuple[str, ...]):
 
 
 def _progress(label: str, info):
-    """A rich progress bar over training steps and its per-step callback."""
+    """A rich progress bar over training steps (plain lines where the output is not a terminal) and its per-step
+    callback."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -556,12 +557,16 @@ def _progress(label: str, info):
         TimeRemainingColumn,
     )
 
+    from rstar2_agent.progress import PlainProgress
+
     bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), TimeRemainingColumn())
     task = bar.add_task(label, total=None, info="preparing data and model")
+    plain = PlainProgress(bar.console, label)  # where the output is not a terminal: a line every 30 s
 
     def on_step(step: int, total: int, m: dict[str, float]) -> None:
         bar.update(task, total=total, completed=step, info=info(m))
+        plain(step, total, info(m))
 
     return bar, on_step
 

@@ -325,6 +325,20 @@ def test_neftune_changes_the_loss_deterministically_and_a_resume_takes_the_same_
         run_sft(tiny(tmp_path / "negative", model=tiny_smollm2, max_steps=1, neftune_alpha=-1.0))
 
 
+def test_train_sft_into_a_log_says_each_step_where_no_bar_can_draw(tmp_path, tiny_smollm2):
+    """`rstar2 train sft` with its output not a terminal (click's runner, as a log file or CI): plain progress lines,
+    the first and the last step among them, then where the model is."""
+    from click.testing import CliRunner
+
+    from rstar2_agent.train.train_commands import train_group
+
+    r = CliRunner().invoke(train_group, ["sft", f"model={tiny_smollm2}", "max_steps=2", "data=[synthetic:4:0]",
+                                         f"out={tmp_path / 'sft'}", f"db={tmp_path / 's.db'}", "micro_batch=1"])
+    assert r.exit_code == 0, r.output
+    assert "sft: 1/2 (loss " in r.output and "sft: 2/2 (loss " in r.output, r.output
+    assert r.output.index("sft: 2/2") < r.output.index("checkpoint-2")
+
+
 @pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, tiny_smollm2):
     """... even with `checkpoint.keep: 1`: the old one goes only once the new one is whole."""
