@@ -18,20 +18,26 @@ def clock(seconds: float) -> str:
 
 
 class PlainProgress:
-    def __init__(self, console: Console, label: str, every_s: float = EVERY_S):
-        self.console, self.label, self.every_s = console, label, every_s
-        self.start = time.monotonic()
+    def __init__(self, console: Console, label: str, every_s: float = EVERY_S, now=time.monotonic):
+        self.console, self.label, self.every_s, self.now = console, label, every_s, now
+        self.start = now()
         self.last: float | None = None
+        self.first: tuple[float, int] | None = None  # (when, done) at the first call: the rate is from there
 
     def __call__(self, done: int, total: int | None, info: str = "") -> None:
         """`done` of `total` (None: not known yet), with `info` (the loss, the accuracy so far)."""
         if self.console.is_terminal:
             return
-        now = time.monotonic()
+        now = self.now()
+        self.first = self.first or (now, done)
         if self.last is not None and now - self.last < self.every_s and done != total:
             return
-        self.last, elapsed = now, now - self.start
-        left = f", about {clock(elapsed / done * (total - done))} left" if done and total and done < total else ""
+        self.last = now
+        # the time left from the rate since the first call: what came before it (loading data and a model) is no rate
+        (since, at), left = self.first, ""
+        if total and at < done < total:
+            left = f", about {clock((now - since) / (done - at) * (total - done))} left"
+        elapsed = now - self.start
         of = f"/{total}" if total else ""
         detail = f" ({info})" if info else ""
         self.console.print(f"{self.label}: {done}{of}{detail}, {clock(elapsed)} elapsed{left}", highlight=False,
