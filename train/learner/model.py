@@ -180,6 +180,7 @@ class TorchLearner:
         learner = cls.__new__(cls)
         learner.model, learner.device, learner.bf16 = model, device, bf16
         learner.rank, learner.world, learner.sharded = 0, 1, False
+        learner.step, learner.neftune_alpha, learner.seed, learner._noise = 0, 0.0, 0, None
         learner.head = install_head(model)
         return learner
 
@@ -275,7 +276,8 @@ class TorchLearner:
             targets = torch.full((labels.size(0), 1), -100, dtype=labels.dtype, device=self.device)
         inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "prefix_ids")}
         if self._noise is None or self._noise[0] != self.step:  # one stream a step, however many passes it makes
-            self._noise = (self.step, torch.Generator().manual_seed((self.seed * 1000003 + self.step) * 64 + self.rank))
+            stream = ((self.seed * 1000003 + self.step) << 16) + self.rank
+            self._noise = (self.step, torch.Generator().manual_seed(stream))
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16 and not self.sharded), \
                 embedding_noise(self.model, self.neftune_alpha, self._noise[1]):
             cache = None
