@@ -309,8 +309,9 @@ def test_embedding_noise_is_neftunes_size_seeded_and_gone_after_the_block():
 
 
 def test_neftune_changes_the_loss_deterministically_and_a_resume_takes_the_same_step(tmp_path, tiny_smollm2):
-    """`neftune_alpha: 5`: another loss than without noise at the same step, the same on a second run, and a resume
-    from step 1 takes step 2's noise (drawn from the seed, the step and the rank, not the process's RNG)."""
+    """`neftune_alpha: 5`: another loss than without noise at the same step, and a resume from step 1 takes step 2's
+    noise: the stream is keyed on the seed, the step and the rank (a stream started when the learner is built would
+    give the resumed step 1's noise instead)."""
     import shutil
 
     plain = run_sft(tiny(tmp_path / "plain", model=tiny_smollm2, max_steps=2))[1]
@@ -318,7 +319,6 @@ def test_neftune_changes_the_loss_deterministically_and_a_resume_takes_the_same_
     _, noisy = run_sft(cfg)
     assert noisy[0]["loss"] != pytest.approx(plain[0]["loss"], rel=1e-6)
     shutil.rmtree(Path(cfg.out) / "checkpoint-2")
-    torch.manual_seed(12345)  # the process's RNG is not where the noise comes from
     _, resumed = run_sft(cfg, resume=True)
     assert resumed[0]["loss"] == noisy[1]["loss"]
     with pytest.raises(ValueError, match="neftune_alpha is a noise scale"):
