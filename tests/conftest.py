@@ -75,6 +75,62 @@ def pytest_configure(config) -> None:
             config.stash[RPC_DIR] = os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="rstar2-vllm-rpc-")
 
 
+def _cpu_s() -> float:
+    """CPU-seconds of this process (every thread) and of the children it has waited for."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# On 2 cores the suite is bound by CPU, not by waits, so its time goes where its CPU goes: each test's CPU-seconds
+# (setup, call and teardown; the worker and the children it reaped: a daemon reaped by another, as Ray's raylet reaps
+# its actors, is not counted) ride on its teardown report, and the costliest are listed after the run
+CPU_KEY = "cpu_s"
+COSTLIEST = 25
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[CPU_AT] = _cpu_s()
+    item.stash[CPU_LAST] = nextitem is None
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The CPU since the test's setup began, on its teardown report; a worker's last test stops at its call: its
+    teardown ends the session's fixtures and reaps their processes (a vLLM engine's whole session)."""
+    outcome = yield
+    if CPU_AT not in item.stash:
+        return
+    if call.when == "teardown" or call.when == "call" and item.stash[CPU_LAST]:
+        item.stash.setdefault(CPU_DONE, round(_cpu_s() - item.stash[CPU_AT], 2))
+    if call.when == "teardown":
+        outcome.get_result().user_properties.append((CPU_KEY, item.stash[CPU_DONE]))
+
+
+def pytest_runtest_logreport(report) -> None:
+    cpu = dict(report.user_properties).get(CPU_KEY) if report.when == "teardown" else None
+    if cpu is not None:
+        CPU_SPENT[report.nodeid] = cpu
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not CPU_SPENT:
+        return
+    costliest = sorted(CPU_SPENT.items(), key=lambda kv: -kv[1])[:COSTLIEST]
+    terminalreporter.write_sep("=", f"CPU-seconds: {sum(CPU_SPENT.values()):,.0f} in {len(CPU_SPENT)} tests; "
+                                    f"the {len(costliest)} costliest")
+    for nodeid, cpu in costliest:
+        terminalreporter.write_line(f"{cpu:8.1f}  {nodeid}")
+
+
+CPU_AT, CPU_DONE = pytest.StashKey[float](), pytest.StashKey[float]()
+CPU_LAST = pytest.StashKey[bool]()
+CPU_SPENT: dict[str, float] = {}
+
+
 def pytest_unconfigure(config) -> None:
     if RPC_DIR in config.stash:
         shutil.rmtree(config.stash[RPC_DIR], ignore_errors=True)
