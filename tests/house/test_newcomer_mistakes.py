@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, run_until_paused
+from conftest import free_port, run_until_paused, timeout_scale
 
 RSTAR2 = str(Path(sys.executable).with_name("rstar2"))
 
@@ -51,7 +51,7 @@ def test_serve_on_a_port_already_taken_says_so_before_loading_anything():
         port = held.getsockname()[1]
         t0 = time.monotonic()
         p = rstar2("serve", "--model", "smollm2-135m", "--port", str(port), timeout=120)
-    assert p.returncode == 1 and time.monotonic() - t0 < 60  # no model loaded first
+    assert p.returncode == 1 and time.monotonic() - t0 < 60 * timeout_scale()  # no model loaded first
     said(p, f"cannot listen on 127.0.0.1:{port}", "pick another port: --port ")
 
 
@@ -60,7 +60,7 @@ def test_eval_with_a_url_where_nothing_listens_fails_once_and_fast(smol, tmp_pat
     t0 = time.monotonic()
     p = rstar2("eval", "synth", "--url", url, "--limit", "1", "--model", "smollm2-135m",
                "--db", str(tmp_path / "store.db"), cwd=str(tmp_path), timeout=300)
-    assert p.returncode == 1 and time.monotonic() - t0 < 120  # not a retried failure per sample
+    assert p.returncode == 1 and time.monotonic() - t0 < 120 * timeout_scale()  # not a retried failure per sample
     said(p, f"the server at {url} did not answer", "ConnectError", "Start it (`rstar2 serve`")
     assert "retry" not in p.stderr
 
