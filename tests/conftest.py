@@ -170,7 +170,8 @@ def pytest_report_header(config) -> str:
 # servers and the sandbox for part of their time, and the other workers fill it. A session fixture is made once per
 # worker, so the tests of the costly ones run on one worker, as a group: the in-process vLLM engine, the SFT
 # checkpoint. Ray's tests form a group of their own (pytest.mark.xdist_group("ray")): one local cluster at a time.
-SHARED_FIXTURES = {"vllm_engine": "vllm-engine", "sft_checkpoint": "sft-checkpoint"}
+SHARED_FIXTURES = {"vllm_engine": "vllm-engine", "tiny_vllm_engine": "vllm-engine",
+                   "sft_checkpoint": "sft-checkpoint"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
@@ -532,6 +533,18 @@ async def vllm_engine(smol):
     from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
 
     engine = TrainableVLLMEngine(smol.path, context_length=VLLM_CONTEXT, kv_cache_gib=1.0)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="session")
+async def tiny_vllm_engine(tiny_smollm2):
+    """The same on the tiny SmolLM2, on the same worker: for bounded staleness, whose cost is the rollouts and
+    learner updates between pushes and whose properties hold for any policy (on SmolLM2: 192 CPU-seconds for those
+    tests against 59 here, this engine's start included)."""
+    from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
+
+    engine = TrainableVLLMEngine(tiny_smollm2, context_length=VLLM_CONTEXT, kv_cache_gib=0.25)
     yield engine
     await engine.close()
 

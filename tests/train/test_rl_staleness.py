@@ -1,6 +1,7 @@
 """Bounded staleness (`max_staleness`, train/rollout/version_gate.py): the version gate on the real in-process vLLM
 engine (a push waits for whole rollouts, or interrupts and continues partial ones with every token's version kept), and
-`run_rl` with max_staleness 1 on the session's shared engine: the lag stays within the bound, is above 0 where the
+`run_rl` with max_staleness 1 on the session's shared engine (both on the tiny SmolLM2: the gate's and the loss's
+properties hold for any policy): the lag stays within the bound, is above 0 where the
 schedule overlaps, the loss gets the behaviour weights, each step is stored once with its rollouts' versions."""
 
 from __future__ import annotations
@@ -38,17 +39,17 @@ def original_weights(engine):
     return load_file(os.path.join(engine.model_path, "model.safetensors"))
 
 
-async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(vllm_engine):
-    gate = VersionGate(vllm_engine)
-    weights = original_weights(vllm_engine)
-    ids = count_prompt(vllm_engine.tokenizer)
+async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(tiny_vllm_engine):
+    gate = VersionGate(tiny_vllm_engine)
+    weights = original_weights(tiny_vllm_engine)
+    ids = count_prompt(tiny_vllm_engine.tokenizer)
     long = SamplingParams(temperature=1.0, max_tokens=96, seed=3, ignore_eos=True)
     loaded: list[int] = []
     heard: list[int] = []
 
     async def load():
         loaded.append(gate.version)
-        await vllm_engine.load_weights(weights)
+        await tiny_vllm_engine.load_weights(weights)
 
     async def rollout():
         async with gate.trajectory() as versions:
@@ -67,10 +68,10 @@ async def test_a_push_waits_for_whole_rollouts_and_new_ones_wait_for_the_push(vl
     assert v_late.pieces == [(1, 96)] and v_late.gate_wait > 0 and drained > 0
 
 
-async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new_weights(vllm_engine):
-    gate = VersionGate(vllm_engine, partial=True)
-    weights = original_weights(vllm_engine)
-    ids = count_prompt(vllm_engine.tokenizer)
+async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new_weights(tiny_vllm_engine):
+    gate = VersionGate(tiny_vllm_engine, partial=True)
+    weights = original_weights(tiny_vllm_engine)
+    ids = count_prompt(tiny_vllm_engine.tokenizer)
     heard: list[int] = []
     sampling = SamplingParams(temperature=1.0, max_tokens=160, seed=4, ignore_eos=True)
 
@@ -81,7 +82,7 @@ async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new
 
     task = asyncio.ensure_future(rollout())
     await until(lambda: len(heard) >= 8, "the rollout's first 8 tokens", timeout=30)
-    assert await gate.push(lambda: vllm_engine.load_weights(weights)) == 0.0  # no waiting for the rollout
+    assert await gate.push(lambda: tiny_vllm_engine.load_weights(weights)) == 0.0  # no waiting for the rollout
     gen, versions = await task
     assert gate.interrupted == 1 and gate.version == 1
     assert len(gen.token_ids) == len(gen.logprobs) == 160 and heard == gen.token_ids
@@ -91,19 +92,20 @@ async def test_partial_rollouts_are_interrupted_by_a_push_and_go_on_with_the_new
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, vllm_engine):
+async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, tiny_vllm_engine):
     """Three steps on the shared engine (the learner starts from its weights; they are restored after)."""
     from rstar2_agent.store import Store
 
-    cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=3, max_response_tokens=48, max_turns=2, data_size=8)],
+    cfg = RLConfig(model=tiny_vllm_engine.model_path,
+                   stages=[Stage(steps=3, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=2, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
                    out=str(tmp_path / "rl"), db=str(tmp_path / "s.db"), format="markdown", dtype="fp32",
                    rollout_engine="vllm", max_staleness=1, save_every=1, checkpoint=CheckpointConfig(keep=1),
-                   start_check=StartCheck(min_answer_share=0.0))  # the base model writes no answer block
+                   start_check=StartCheck(min_answer_share=0.0))  # the tiny model writes no answer block
     try:
-        _, history = await run_rl(cfg, engine=vllm_engine)
+        _, history = await run_rl(cfg, engine=tiny_vllm_engine)
     finally:
-        await vllm_engine.load_weights(original_weights(vllm_engine))
+        await tiny_vllm_engine.load_weights(original_weights(tiny_vllm_engine))
     # batches 0 and 1 start at once on version 0; batch 2 right after the first push, on version 1
     assert [h["policy_lag_max"] for h in history] == [0, 1, 1]
     assert all(h["stale_groups_dropped"] == 0 for h in history)
@@ -120,8 +122,8 @@ async def test_run_rl_with_max_staleness_1_overlaps_within_the_bound(tmp_path, v
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vllm_engine):
-    """Learning under lag, with real rollouts from the shared engine and rewards set by hand (the base model solves
+async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, tiny_vllm_engine):
+    """Learning under lag, with real rollouts from the tiny engine and rewards set by hand (the model solves
     none of these): batches A and B are both generated on version 0; the update on A moves the learner to version
     1 and is pushed; B, now one version old, is trained with the decoupled loss (the ratio against the learner's
     proximal logprobs, the truncated weight to the engine's): its advantage-weighted logprob under the learner
@@ -131,11 +133,12 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
     from rstar2_agent.train.loss import grpo_advantages
     from rstar2_agent.train.rollout.rollouts import Batch
 
-    cfg = RLConfig(model="smollm2-135m", stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
+    cfg = RLConfig(model=tiny_vllm_engine.model_path,
+                   stages=[Stage(steps=2, max_response_tokens=48, max_turns=2, data_size=8)],
                    prompts_per_step=1, group_size=2, roc_min_positive=1, roc_min_negative=1, micro_batch=4,
                    out=str(tmp_path / "rl"), format="markdown", dtype="fp32", rollout_engine="vllm",
                    max_staleness=1, optim=OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant"))
-    run = RLRun(cfg, engine=vllm_engine)
+    run = RLRun(cfg, engine=tiny_vllm_engine)
 
     def graded(batch: Batch) -> Batch:  # 2 "right", 2 "wrong" in each group
         batch.groups = [[(t, float(k % 2)) for k, (t, _) in enumerate(g)] for g in batch.groups]
@@ -162,4 +165,4 @@ async def test_a_batch_one_version_stale_still_teaches_the_learner(tmp_path, vll
         assert weighted_logprob(b) > before
     finally:
         await run.close()
-        await vllm_engine.load_weights(original_weights(vllm_engine))
+        await tiny_vllm_engine.load_weights(original_weights(tiny_vllm_engine))
