@@ -168,8 +168,9 @@ def pytest_report_header(config) -> str:
 
 # `make test` runs the suite on 3 pytest-xdist workers on 2 cores (--dist loadgroup): the tests wait on processes,
 # servers and the sandbox for part of their time, and the other workers fill it. A session fixture is made once per
-# worker, so the tests of the costly ones run on one worker, as a group: the in-process vLLM engine, the SFT
-# checkpoint. Ray's tests form a group of their own (pytest.mark.xdist_group("ray")): one local cluster at a time.
+# worker, so the tests of the costly ones run on one worker, as a group: the in-process vLLM engines (SmolLM2's and
+# the tiny model's, together), the SFT checkpoint. Ray's tests form a group of their own
+# (pytest.mark.xdist_group("ray")): one local cluster at a time.
 SHARED_FIXTURES = {"vllm_engine": "vllm-engine", "tiny_vllm_engine": "vllm-engine",
                    "sft_checkpoint": "sft-checkpoint"}
 
