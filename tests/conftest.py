@@ -541,8 +541,8 @@ async def vllm_engine(smol):
 @pytest.fixture(scope="session")
 async def tiny_vllm_engine(tiny_smollm2):
     """The same on the tiny SmolLM2, on the same worker: for bounded staleness, whose cost is the rollouts and
-    learner updates between pushes and whose properties hold for any policy (on SmolLM2: 192 CPU-seconds for those
-    tests against 59 here, this engine's start included)."""
+    learner updates between pushes and whose properties hold for any policy (what it saves: docs/results.md, the
+    test suite)."""
     from rstar2_agent.train.rollout.trainable import TrainableVLLMEngine
 
     engine = TrainableVLLMEngine(tiny_smollm2, context_length=VLLM_CONTEXT, kv_cache_gib=0.25)
