@@ -89,7 +89,8 @@ def models_group(ctx: click.Context) -> None:
         if name in MADE:
             pointer = made_pointer(name)
             card = json.loads(pointer.read_text()) if pointer.exists() else None
-            where = f"made here: {card['path']}" if card else f"made on first use (or `rstar2 models make {name}`)"
+            where = (f"made here in {card.get('precision', 'fp32')}: {card['path']}" if card
+                     else f"made on first use (or `rstar2 models make {name}`)")
         click.echo(f"{name:26} {spec.format:13} {where}")
         if name in MADE:
             click.echo(f"{'':26} {MADE[name]}; see docs/results.md#the-default-agent for what it can and cannot do")

@@ -57,10 +57,16 @@ def data_digest(cfg: SFTConfig) -> str:
 def model_key(cfg: SFTConfig) -> str:
     """A hash of what the model is made from: the resolved recipe (`cfg` loaded with placeholders for where it is
     written, so the key does not depend on them), its data (data_digest) and the base model's files (their names and
-    sizes)."""
+    sizes), and the precision it trains in where that is bf16 (`dtype: auto` is bf16 on a CPU with AMX and on most
+    GPUs: another model from the same recipe; fp32 builds keep the key they had before precision counted)."""
+    from .learner.model import learner_precision
+
     base = Path(resolve_model(cfg.model).path)
     files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
-    return hashlib.sha256(json.dumps([recipes.dump(cfg), data_digest(cfg), files]).encode()).hexdigest()[:12]
+    parts = [recipes.dump(cfg), data_digest(cfg), files]
+    if (precision := learner_precision(cfg.dtype)) != "fp32":
+        parts.append(precision)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
 def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
@@ -69,6 +75,7 @@ def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
     """The folder of the made model `name`, made now if this machine has none of the current recipe; `changes`:
     recipe overrides (tests make a small one)."""
     from .learner.checkpoint import SHARDS, STATE_FILE
+    from .learner.model import learner_precision
     from .sft import run_sft
 
     if name not in RECIPES:
@@ -99,6 +106,7 @@ def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
             shutil.rmtree(target, ignore_errors=True)
             os.replace(work / "model", target)  # whole, or not there
             card = {"name": name, "key": key, "path": str(target), "recipe": RECIPES[name], "base": cfg.model,
+                    "precision": learner_precision(cfg.dtype),
                     "steps": len(history), "loss": [history[0]["loss"], history[-1]["loss"]] if history else [],
                     "seconds": round(time.monotonic() - started, 1)}
             tmp = pointer.with_suffix(".tmp")
@@ -106,6 +114,6 @@ def make_model(name: str = DEFAULT_AGENT, changes: dict[str, Any] | None = None,
             os.replace(tmp, pointer)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    echo(f"{name}: made in {card['seconds']:.0f} s ({card['steps']} steps, loss {card['loss'][0]:.2f} -> "
-         f"{card['loss'][1]:.2f})")
+    echo(f"{name}: made in {card['seconds']:.0f} s ({card['steps']} steps in {card['precision']}, loss "
+         f"{card['loss'][0]:.2f} -> {card['loss'][1]:.2f})")
     return target

@@ -77,3 +77,26 @@ def test_the_key_follows_the_generators_code_and_a_file_sources_data(smol, monke
     record["messages"][1]["content"] = "5"
     rows.write_text(json.dumps(record) + "\n")
     assert model_key(on_file) != file_key
+
+
+def test_the_key_follows_the_precision_auto_trains_in(smol, monkeypatch):
+    """`dtype: auto` trains in bf16 on a CPU with AMX and in fp32 on one without: two models from one recipe, so two
+    keys; an fp32 build keeps the key it had before precision counted (models made on such machines stay valid)."""
+    import hashlib
+
+    from rstar2_agent.train import recipe
+    from rstar2_agent.train.config import SFTConfig
+    from rstar2_agent.train.learner import model as learner_model
+    from rstar2_agent.train.made_models import data_digest, model_key
+
+    cfg = recipe.load(SFTConfig, RECIPES[DEFAULT_AGENT], changes={"out": "OUT", "db": "DB", "data": ["asks:4:0"]})
+    assert cfg.dtype == "auto"
+    keys = {}
+    for amx in (False, True):
+        monkeypatch.setattr(learner_model, "bf16_supported", lambda device, amx=amx: amx)
+        keys[amx] = model_key(cfg)
+    assert keys[False] != keys[True]
+    base = Path(resolve_model(cfg.model).path)
+    files = sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file())
+    before = json.dumps([recipe.dump(cfg), data_digest(cfg), files])  # the key as it was made before precision counted
+    assert keys[False] == hashlib.sha256(before.encode()).hexdigest()[:12]

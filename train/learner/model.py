@@ -47,6 +47,16 @@ def bf16_supported(device: torch.device) -> bool:
         return False
 
 
+def learner_precision(dtype: str, device: torch.device | None = None) -> str:
+    """What a learner computes in, "bf16" or "fp32": `dtype` as a recipe spells it (auto, bf16, fp32) on `device`
+    (by default the one a learner takes: the GPU, else the CPU). auto is bf16 where bf16 is fast (a GPU that has it, a
+    CPU with AMX), else fp32."""
+    if dtype not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"dtype must be auto, bf16 or fp32, not {dtype!r}")
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return "bf16" if dtype == "bf16" or (dtype == "auto" and bf16_supported(device)) else "fp32"
+
+
 def distributed(timeout_s: float = GROUP_TIMEOUT_S) -> tuple[int, int]:
     """(rank, world size); initializes the process group under torchrun (or Ray's ranks), each of its collectives
     timing out after `timeout_s`."""
@@ -157,9 +167,7 @@ class TorchLearner:
         self.checkpoint = checkpoint or CheckpointConfig()
         self.io_group = ckpt.io_group(self.world, self.checkpoint.timeout_s)  # a checkpoint's waits run on it
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
-        if dtype not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"dtype must be auto, bf16 or fp32, not {dtype!r}")
-        self.bf16 = dtype == "bf16" or (dtype == "auto" and bf16_supported(self.device))
+        self.bf16 = learner_precision(dtype, self.device) == "bf16"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = load_model(model_path, self.device, rank=self.rank, world=self.world, sharded=self.sharded,
                                 bf16=self.bf16, gradient_checkpointing=gradient_checkpointing)
