@@ -49,6 +49,15 @@ def test_the_agent_is_made_once_whole_and_a_changed_recipe_starts_a_new_one(tmp_
     assert not list((tmp_path / "models").glob(".smollm2-agent-building-*"))  # nothing partial left
     assert resolve_model(DEFAULT_AGENT).path == str(folder)  # the whole one is still the one used
 
+    from click.testing import CliRunner
+
+    from rstar2_agent.cli import main
+    from rstar2_agent.train.learner.model import learner_precision
+
+    assert card["precision"] == learner_precision("auto")  # bf16 on a CPU with AMX, fp32 without: said, not hidden
+    listing = CliRunner().invoke(main, ["models"])
+    assert listing.exit_code == 0 and f"made here in {card['precision']}: {folder}" in listing.output
+
 
 def test_the_key_follows_the_generators_code_and_a_file_sources_data(smol, monkeypatch, tmp_path):
     """A generator whose code changed makes other data from the same recipe: another model (the key hashes the
