@@ -51,7 +51,7 @@ def main(verbose: bool) -> None:
 
 def make_default_agent() -> Path:
     """The default agent's folder, made on this machine first if it has none (the training wing's SFT, with a
-    progress bar on stderr, or a line every 30 s where stderr is not a terminal; 8 minutes on 2 cores with AMX, 17-20
+    progress bar on stderr, or a line every 30 s where stderr is not a terminal; 8-11 minutes on 2 cores with AMX, 17-20
     without; once)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

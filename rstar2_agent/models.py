@@ -98,7 +98,7 @@ def made_folder(name: str) -> Path:
     pointer = made_pointer(name)
     folder = Path(json.loads(pointer.read_text())["path"]) if pointer.exists() else None
     if folder is None or not (folder / "config.json").exists():
-        raise ModelError(f"{name} is made once from the embedded base (8 minutes on 2 cores with AMX, 17-20 "
+        raise ModelError(f"{name} is made once from the embedded base (8-11 minutes on 2 cores with AMX, 17-20 "
                          f"without): run `rstar2 models make {name}`, or name another model (--model {DEFAULT_MODEL})")
     return folder
 
